@@ -1,0 +1,30 @@
+"""hmc: Hamiltonian Monte Carlo for PyTorch log densities.
+
+``hmc.sample`` runs static HMC or Stan's NUTS with Stan's warmup on many chains at once and
+returns an ArviZ ``DataTree``. The pieces it is built from (the energy module, the memo
+cache, states, metrics, the leapfrog integrator, kernels, adaptation) are public too.
+"""
+
+from hmc.integrators import leapfrog
+from hmc.kernels import HMC, Params
+from hmc.memo import MemoCache
+from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
+from hmc.potential import Potential
+from hmc.sampler import sample
+from hmc.state import State
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HMC",
+    "DenseMetric",
+    "DiagonalMetric",
+    "MemoCache",
+    "Params",
+    "Potential",
+    "State",
+    "__version__",
+    "leapfrog",
+    "metric_from_inverse",
+    "sample",
+]

@@ -1,0 +1,25 @@
+"""Warmup adaptation, kept outside the kernels: step size, metric, and Stan's schedule."""
+
+from hmc.adapt.schedule import WarmupSchedule, build_schedule
+from hmc.adapt.step_size import (
+    DualAveragingState,
+    dual_averaging_final,
+    dual_averaging_init,
+    dual_averaging_update,
+    find_reasonable_step_size,
+)
+from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, welford_update
+
+__all__ = [
+    "DualAveragingState",
+    "WarmupSchedule",
+    "WelfordState",
+    "build_schedule",
+    "dual_averaging_final",
+    "dual_averaging_init",
+    "dual_averaging_update",
+    "find_reasonable_step_size",
+    "welford_covariance",
+    "welford_init",
+    "welford_update",
+]

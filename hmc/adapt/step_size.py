@@ -1,0 +1,150 @@
+"""Step-size adaptation: Stan's dual averaging and its initial step-size heuristic.
+
+Dual averaging (``stepsize_adaptation.hpp``) drives each chain's acceptance statistic to
+``target`` (0.8): after every warmup iteration ``eps = exp(x)``, and at the end of warmup
+``eps = exp(x_bar)``, the average of the iterates since the last restart. Every tensor is
+``(C,)``, one entry per chain, and updates take a mask so that chains at different
+iterations adapt on their own schedules.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import torch
+
+from hmc.integrators import leapfrog
+from hmc.metric import Metric
+from hmc.potential import Potential
+from hmc.random import Stream, normal
+from hmc.state import State, take_rows, where_rows
+
+__all__ = [
+    "DualAveragingState",
+    "dual_averaging_final",
+    "dual_averaging_init",
+    "dual_averaging_update",
+    "find_reasonable_step_size",
+]
+
+TARGET, GAMMA, KAPPA, T0 = 0.8, 0.05, 0.75, 10.0
+
+
+class DualAveragingState(NamedTuple):
+    """Per-chain dual-averaging state, ``(C,)`` each.
+
+    counter: iterations since the last restart; s_bar: averaged (target - accept);
+    x_bar: averaged log step size; mu: the shrinkage point log(10 eps0);
+    log_step_size: the current iterate x.
+    """
+
+    counter: torch.Tensor
+    s_bar: torch.Tensor
+    x_bar: torch.Tensor
+    mu: torch.Tensor
+    log_step_size: torch.Tensor
+
+
+def dual_averaging_init(step_size: torch.Tensor) -> DualAveragingState:
+    """A fresh state around ``step_size`` ``(C,)`` (``mu = log(10 eps)``)."""
+    zeros = torch.zeros_like(step_size)
+    log_eps = torch.log(step_size)
+    return DualAveragingState(zeros, zeros, zeros, math.log(10.0) + log_eps, log_eps)
+
+
+def dual_averaging_update(
+    state: DualAveragingState,
+    accept_stat: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    target: float = TARGET,
+    gamma: float = GAMMA,
+    kappa: float = KAPPA,
+    t0: float = T0,
+) -> DualAveragingState:
+    """One step of Stan's ``learn_stepsize`` for the chains in ``mask`` ``(C,)``."""
+    counter = state.counter + 1
+    accept = torch.clamp(torch.nan_to_num(accept_stat, nan=0.0), max=1.0)
+    eta = 1.0 / (counter + t0)
+    s_bar = (1 - eta) * state.s_bar + eta * (target - accept)
+    x = state.mu - s_bar * torch.sqrt(counter) / gamma
+    weight = counter ** (-kappa)
+    x_bar = (1 - weight) * state.x_bar + weight * x
+    new = DualAveragingState(counter, s_bar, x_bar, state.mu, x)
+    return new if mask is None else where_rows(mask, new, state)
+
+
+def dual_averaging_final(state: DualAveragingState) -> torch.Tensor:
+    """The adapted step sizes ``exp(x_bar)`` ``(C,)``."""
+    return torch.exp(state.x_bar)
+
+
+def find_reasonable_step_size(
+    state: State,
+    step_size: torch.Tensor,
+    metric: Metric,
+    potential: Potential,
+    keys: torch.Tensor,
+    counter: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stan's ``init_stepsize`` heuristic, per chain.
+
+    From each chain's position, draw a momentum, take one leapfrog step and compare the
+    acceptance ``exp(H0 - H)`` with 0.8; double (or halve) the step size until it crosses.
+
+    Parameters
+    ----------
+    state, step_size, metric : the chains to tune (``C`` rows) and their current values.
+    keys, counter : ``(C,)`` chain keys and per-chain search counters (one per momentum).
+
+    Returns
+    -------
+    New step sizes ``(C,)`` and the advanced counters ``(C,)``.
+    """
+    threshold = math.log(0.8)
+    eps = step_size.clone()
+    dim = state.position.shape[1]
+
+    def log_accept(rows: torch.Tensor) -> torch.Tensor:
+        sub = take_rows(state, rows)
+        sub_metric = take_rows(metric, rows)
+        noise = normal(keys[rows], Stream.STEP_SIZE_SEARCH, counter[rows], dim, eps.dtype)
+        p = sub_metric.momentum(noise)
+        h0 = sub.potential + sub_metric.kinetic_energy(p)
+        new, p_new = leapfrog(sub, p, eps[rows].unsqueeze(-1), sub_metric, potential)
+        h = new.potential + sub_metric.kinetic_energy(p_new)
+        return torch.nan_to_num(h0 - h, nan=-torch.inf)
+
+    rows = torch.arange(eps.shape[0], device=eps.device)
+    first = log_accept(rows)
+    counter = counter + 1
+    direction_up = first > threshold
+    active = torch.ones_like(direction_up)
+    for _ in range(2200):  # doubling to 1e7 or halving to 0 takes far fewer steps
+        rows = active.nonzero().flatten()
+        if rows.numel() == 0:
+            break
+        d = log_accept(rows)
+        counter = counter.index_add(0, rows, torch.ones_like(rows))
+        up = direction_up[rows]
+        stop = torch.where(up, ~(d > threshold), ~(d < threshold))
+        moving = rows[~stop]
+        eps = eps.index_copy(
+            0, moving, torch.where(up[~stop], eps[moving] * 2, eps[moving] / 2)
+        )
+        active = torch.zeros_like(active).index_fill(0, moving, True)
+        too_big, too_small = eps > 1e7, eps == 0
+        if (too_big | too_small).any():
+            chains = (too_big | too_small).nonzero().flatten().tolist()
+            warnings.warn(
+                f"step-size search for chains {chains} "
+                + ("exceeded 1e7: the posterior may be improper" if too_big.any() else
+                   "reached 0: the density may be discontinuous")
+                + "; keeping the last usable step size",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            eps = torch.where(too_big, 1e7, torch.where(too_small, step_size, eps))
+            active = active & ~(too_big | too_small)
+    return eps, counter

@@ -1,0 +1,201 @@
+"""Static HMC: a fixed or randomised number of leapfrog steps, then a Metropolis test.
+
+``HMC(num_steps=L)`` takes exactly ``L`` steps per transition. Without ``num_steps`` each
+transition of chain ``c`` takes ``n ~ Uniform{1, ..., ceil(T / eps_c)}`` steps, with ``T`` the
+``trajectory_length`` (Stan's default, 2 pi). A fixed length resonates on well-adapted
+Gaussian targets (a trajectory of exactly one period returns to its start); drawing the
+number of steps per transition from the chain's own random stream breaks that, keeps
+the kernel reversible, and gives a mean integration time of about ``T / 2``.
+
+A transition is divergent when the energy error ``H(proposal) - H(start)`` exceeds
+``max_energy_error`` or is not finite; such a proposal is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from hmc.integrators import leapfrog
+from hmc.kernels.base import Params
+from hmc.potential import Potential
+from hmc.random import Stream, normal, uniform
+from hmc.state import State, put_rows, take_rows, where_rows
+
+__all__ = ["HMC", "HMCInfo", "HMCState"]
+
+
+class HMCInfo(NamedTuple):
+    """Per-transition statistics, ``(C,)`` each, under their ArviZ names."""
+
+    acceptance_rate: torch.Tensor
+    n_steps: torch.Tensor
+    diverging: torch.Tensor
+    energy: torch.Tensor
+    energy_error: torch.Tensor
+    max_energy_error: torch.Tensor
+
+
+class HMCState(NamedTuple):
+    """The chains' current states and how many transitions each has started ``(C,)``."""
+
+    state: State
+    transitions: torch.Tensor
+
+
+@dataclass(frozen=True)
+class HMC:
+    """Static Hamiltonian Monte Carlo.
+
+    Parameters
+    ----------
+    num_steps : int, optional
+        Leapfrog steps per transition. Without it, the number of steps is drawn per
+        transition and chain, uniformly in ``1 .. ceil(trajectory_length / step_size)``.
+    trajectory_length : float
+        The longest integration time when ``num_steps`` is not given (default 2 pi).
+    max_steps : int
+        Cap on the drawn number of steps (guards against tiny step sizes in early warmup).
+    max_energy_error : float
+        Energy error above which a transition is divergent (default 1000, as in Stan).
+
+    Examples
+    --------
+    >>> dt = hmc.sample(log_prob, dim=2, kernel=hmc.HMC(num_steps=10))  # doctest: +SKIP
+    """
+
+    num_steps: int | None = None
+    trajectory_length: float = 2 * math.pi
+    max_steps: int = 1024
+    max_energy_error: float = 1000.0
+
+    stat_names = HMCInfo._fields
+
+    def __post_init__(self) -> None:
+        if self.num_steps is not None and (
+            not isinstance(self.num_steps, int)
+            or isinstance(self.num_steps, bool)
+            or self.num_steps < 1
+        ):
+            raise ValueError(f"num_steps must be a positive integer, got {self.num_steps!r}")
+        if not self.trajectory_length > 0:
+            raise ValueError(
+                f"trajectory_length must be positive, got {self.trajectory_length!r}"
+            )
+        if not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise ValueError(f"max_steps must be a positive integer, got {self.max_steps!r}")
+        if not self.max_energy_error > 0:
+            raise ValueError(f"max_energy_error must be positive, got {self.max_energy_error!r}")
+
+    def init(self, state: State) -> HMCState:
+        zeros = torch.zeros(state.position.shape[0], dtype=torch.int64, device=state.position.device)
+        return HMCState(state, zeros)
+
+    def advance(
+        self,
+        kernel_state: HMCState,
+        params: Params,
+        potential: Potential,
+        keys: torch.Tensor,
+        running: torch.Tensor,
+        phase: int,
+    ) -> tuple[HMCState, torch.Tensor, State, HMCInfo]:
+        """One transition for every running chain (see :class:`hmc.kernels.base.Kernel`)."""
+        state, counter = kernel_state
+        new_state, info = self.transition(state, params, potential, keys, counter)
+        new_state = where_rows(running, new_state, state)
+        counter = counter + running.to(counter.dtype)
+        return HMCState(new_state, counter), running, new_state, info
+
+    def num_steps_for(
+        self, step_size: torch.Tensor, keys: torch.Tensor, counter: torch.Tensor
+    ) -> torch.Tensor:
+        """``(C,)`` leapfrog steps of each chain's transition number ``counter``."""
+        if self.num_steps is not None:
+            return torch.full_like(counter, self.num_steps)
+        longest = torch.ceil(self.trajectory_length / step_size).clamp(1, self.max_steps)
+        u = uniform(keys, Stream.STEPS, counter, 1, step_size.dtype)[:, 0]
+        return (1 + torch.floor(u * longest)).to(torch.int64).clamp(1, self.max_steps)
+
+    def transition(
+        self,
+        state: State,
+        params: Params,
+        potential: Potential,
+        keys: torch.Tensor,
+        counter: torch.Tensor,
+    ) -> tuple[State, HMCInfo]:
+        """One HMC transition of every chain.
+
+        Parameters
+        ----------
+        state : current states, ``C`` chains.
+        params : step sizes ``(C,)`` and metric.
+        potential : the energy module.
+        keys, counter : ``(C,)`` chain keys and transition numbers (random streams).
+        """
+        metric = params.metric
+        dtype = state.position.dtype
+        noise = normal(keys, Stream.MOMENTUM, counter, state.position.shape[1], dtype)
+        momentum = metric.momentum(noise)
+        start_energy = state.potential + metric.kinetic_energy(momentum)
+        steps = self.num_steps_for(params.step_size, keys, counter)
+        step_size = params.step_size.unsqueeze(-1)
+
+        proposal, p = state, momentum
+        if self.num_steps is not None:
+            for _ in range(self.num_steps):
+                proposal, p = leapfrog(proposal, p, step_size, metric, potential)
+        else:
+            proposal, p = _integrate_ragged(proposal, p, step_size, params, potential, steps)
+
+        energy = proposal.potential + metric.kinetic_energy(p)
+        error = torch.nan_to_num(energy - start_energy, nan=torch.inf)
+        diverging = ~(error <= self.max_energy_error)
+        accept_prob = torch.exp(torch.clamp(-error, max=0.0))
+        u = uniform(keys, Stream.ACCEPT, counter, 1, dtype)[:, 0]
+        accepted = u < accept_prob
+        new_state = where_rows(accepted, proposal, state)
+        info = HMCInfo(
+            acceptance_rate=accept_prob,
+            n_steps=steps,
+            diverging=diverging,
+            energy=torch.where(accepted, energy, start_energy),
+            energy_error=torch.where(accepted, error, 0.0),
+            max_energy_error=error.abs(),
+        )
+        return new_state, info
+
+
+def _integrate_ragged(
+    state: State,
+    momentum: torch.Tensor,
+    step_size: torch.Tensor,
+    params: Params,
+    potential: Potential,
+    steps: torch.Tensor,
+) -> tuple[State, torch.Tensor]:
+    """Chain ``c`` takes ``steps[c]`` leapfrog steps; only moving chains are evaluated."""
+    order = torch.argsort(steps, descending=True, stable=True)
+    counts = torch.bincount(steps, minlength=1).flip(0).cumsum(0).flip(0).tolist()
+    # counts[i] = number of chains taking at least i steps
+    p_all = momentum
+    chains = steps.shape[0]
+    for i in range(1, len(counts)):
+        if counts[i] == chains:
+            state, p_all = leapfrog(state, p_all, step_size, params.metric, potential)
+            continue
+        rows = order[: counts[i]]
+        sub_state, sub_p = leapfrog(
+            take_rows(state, rows),
+            p_all.index_select(0, rows),
+            step_size.index_select(0, rows),
+            take_rows(params.metric, rows),
+            potential,
+        )
+        state = put_rows(state, rows, sub_state)
+        p_all = p_all.index_copy(0, rows, sub_p)
+    return state, p_all

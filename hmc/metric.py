@@ -1,0 +1,78 @@
+"""Euclidean metrics: momentum draws, kinetic energy, velocity, and the U-turn test.
+
+The inverse metric (the inverse mass matrix, an estimate of the posterior covariance) is
+per chain: ``(C, D)`` for a diagonal metric, ``(C, D, D)`` for a dense one. Kinetic energy
+is ``K(p) = p^T M^-1 p / 2``, so the velocity is ``dK/dp = M^-1 p`` and momenta are drawn
+from ``N(0, M)``. The identity metric is the diagonal metric with unit entries.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["DenseMetric", "DiagonalMetric", "Metric", "metric_from_inverse", "no_u_turn"]
+
+
+class DiagonalMetric(NamedTuple):
+    """Diagonal inverse metric ``inverse`` ``(C, D)`` and its square root ``(C, D)``."""
+
+    inverse: torch.Tensor
+    sqrt_inverse: torch.Tensor
+
+    def velocity(self, p: torch.Tensor) -> torch.Tensor:
+        """``M^-1 p`` for momenta ``(C, D)``."""
+        return self.inverse * p
+
+    def kinetic_energy(self, p: torch.Tensor) -> torch.Tensor:
+        """``(C,)`` kinetic energies of momenta ``(C, D)``."""
+        return 0.5 * (p * self.inverse * p).sum(-1)
+
+    def momentum(self, noise: torch.Tensor) -> torch.Tensor:
+        """Momenta ``~ N(0, M)`` from standard normal ``noise`` ``(C, D)``."""
+        return noise / self.sqrt_inverse
+
+
+class DenseMetric(NamedTuple):
+    """Dense inverse metric ``inverse`` ``(C, D, D)`` and its lower Cholesky factor."""
+
+    inverse: torch.Tensor
+    cholesky: torch.Tensor
+
+    def velocity(self, p: torch.Tensor) -> torch.Tensor:
+        return (self.inverse @ p.unsqueeze(-1)).squeeze(-1)
+
+    def kinetic_energy(self, p: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (p * self.velocity(p)).sum(-1)
+
+    def momentum(self, noise: torch.Tensor) -> torch.Tensor:
+        # inverse = L L^T, so M = L^-T L^-1 and p = L^-T z has covariance M.
+        solved = torch.linalg.solve_triangular(
+            self.cholesky.mT, noise.unsqueeze(-1), upper=True
+        )
+        return solved.squeeze(-1)
+
+
+Metric = DiagonalMetric | DenseMetric
+
+
+def metric_from_inverse(inverse: torch.Tensor) -> Metric:
+    """A diagonal metric from ``(C, D)`` or a dense one from ``(C, D, D)``."""
+    if inverse.dim() == 2:
+        return DiagonalMetric(inverse, inverse.sqrt())
+    if inverse.dim() == 3:
+        return DenseMetric(inverse, torch.linalg.cholesky(inverse))
+    raise ValueError(f"inverse metric must be (C, D) or (C, D, D), got {tuple(inverse.shape)}")
+
+
+def no_u_turn(
+    velocity_minus: torch.Tensor, velocity_plus: torch.Tensor, rho: torch.Tensor
+) -> torch.Tensor:
+    """Stan's criterion: keep going while both end velocities point along the summed momentum.
+
+    velocity_minus, velocity_plus : ``(C, D)`` ``M^-1 p`` at the backward and forward ends;
+    rho : ``(C, D)`` sum of the momenta of the (sub)trajectory, ends included.
+    Returns ``(C,)`` bool, True where the trajectory has not turned (strict ``> 0``).
+    """
+    return ((velocity_plus * rho).sum(-1) > 0) & ((velocity_minus * rho).sum(-1) > 0)

@@ -1,0 +1,250 @@
+"""The energy module: potential energy U(q) = -log p(q) and its gradient.
+
+Every evaluation runs the user's log density once on the batch and calls
+``torch.autograd.grad`` once: no ``retain_graph``, no ``create_graph``, no ``.backward()``,
+no ``.data``. The returned tensors are detached, so no graph outlives a call.
+
+A log density may be written for one position ``(D,) -> ()``; it is batched over chains
+with ``torch.func.vmap`` (called directly when there is a single chain, which is cheaper),
+and falls back to a loop over rows, with one warning, when vmap cannot run it. Users who
+can write ``(C, D) -> (C,)`` themselves pass ``batched=True``.
+
+Numerical trouble never escapes as NaN: a row whose value or gradient is not finite gets
+``U = +inf`` and a zero gradient, which the kernels turn into a rejection or a divergence.
+A log density that raises in the middle of a run (a failed Cholesky, say) is evaluated row
+by row and the rows that raise get ``U = +inf`` too (with one warning naming the error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+
+from hmc.memo import MemoCache
+
+__all__ = ["Potential"]
+
+LogProb = Callable[[torch.Tensor], torch.Tensor]
+
+
+@contextlib.contextmanager
+def _distribution_validation_off() -> Iterator[None]:
+    """Turn off ``torch.distributions`` argument checks (they fail badly under vmap)."""
+    previous = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(previous)
+
+
+class Potential:
+    """Potential energy and gradient of a log density, batched over chains.
+
+    Parameters
+    ----------
+    log_prob : callable
+        ``log_prob(q)`` with ``q`` of shape ``(D,)`` returning a 0-d tensor, or with
+        ``batched=True``, ``q`` of shape ``(C, D)`` returning ``(C,)``.
+    batched : bool
+        Whether ``log_prob`` already takes a batch of positions.
+    cache : MemoCache, True or None
+        A position-keyed memo cache (``True`` makes one of the default size).
+
+    Attributes
+    ----------
+    evaluations : int
+        Rows whose value and gradient were computed by running ``log_prob`` (cache hits
+        are not counted).
+
+    Examples
+    --------
+    >>> potential = Potential(lambda q: -0.5 * (q**2).sum())
+    >>> U, grad = potential.value_and_grad(torch.ones(4, 2))
+    >>> U.shape, grad.shape
+    (torch.Size([4]), torch.Size([4, 2]))
+    """
+
+    def __init__(
+        self, log_prob: LogProb, *, batched: bool = False, cache: MemoCache | bool | None = None
+    ) -> None:
+        if not callable(log_prob):
+            raise TypeError(f"log_prob must be callable, got {type(log_prob).__name__}")
+        if cache is True:
+            cache = MemoCache()
+        elif cache is False:
+            cache = None
+        if cache is not None and not isinstance(cache, MemoCache):
+            raise TypeError(f"cache must be a MemoCache, True or None, got {cache!r}")
+        self.log_prob = log_prob
+        self.batched = bool(batched)
+        self.cache: MemoCache | None = cache
+        self.evaluations = 0
+        self._use_vmap = True
+        self._warned_raise = False
+        self._cotangents: dict[tuple, torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ public API
+    def value_and_grad(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Potential energy and its gradient.
+
+        Parameters
+        ----------
+        q : ``(C, D)`` positions, or one position ``(D,)``.
+
+        Returns
+        -------
+        U : ``(C,)`` (or 0-d) potential energies, ``+inf`` where not finite.
+        grad : ``(C, D)`` (or ``(D,)``) gradients of U, zero where U is ``+inf``.
+        """
+        if q.dim() == 1:
+            U, grad = self.value_and_grad(q.unsqueeze(0))
+            return U[0], grad[0]
+        if q.dim() != 2:
+            raise ValueError(f"q must have shape (C, D) or (D,), got {tuple(q.shape)}")
+        if self.cache is None:
+            return self._evaluate(q)
+        return self._evaluate_cached(q)
+
+    def check(self, q: torch.Tensor) -> None:
+        """Run ``log_prob`` once on ``q`` ``(C, D)`` and raise a clear error if its output
+        has the wrong type or shape, or no gradient path to the input."""
+        x = q.detach().requires_grad_(True)
+        with _distribution_validation_off():
+            out = self.log_prob(x) if self.batched else self.log_prob(x[0])
+        expected = f"({q.shape[0]},)" if self.batched else "a 0-d tensor (a scalar)"
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(
+                f"log_prob must return a torch.Tensor, got {type(out).__name__}; expected {expected}"
+            )
+        shape_ok = out.shape == (q.shape[0],) if self.batched else out.dim() == 0
+        if not shape_ok:
+            hint = "" if self.batched else " (pass batched=True for a (C, D) -> (C,) function)"
+            raise ValueError(
+                f"log_prob returned shape {tuple(out.shape)}; expected {expected}{hint}"
+            )
+        if not out.dtype.is_floating_point:
+            raise TypeError(f"log_prob must return a floating-point tensor, got {out.dtype}")
+        if not out.requires_grad:
+            raise ValueError(
+                "log_prob's output has no gradient path to its input: compute it from the "
+                "position with differentiable torch operations (no .item(), .numpy() or .detach())"
+            )
+
+    def explain(self, q: torch.Tensor) -> str:
+        """Why the energy at one position ``(D,)`` is not finite, in words."""
+        x = q.detach().unsqueeze(0).requires_grad_(True)
+        try:
+            with _distribution_validation_off():
+                lp = self._log_prob_batch(x)
+                (g,) = torch.autograd.grad(lp.sum(), x, allow_unused=True)
+        except (RuntimeError, ValueError, ArithmeticError) as error:
+            return f"log_prob raised {type(error).__name__}: {error}"
+        if not torch.isfinite(lp).all():
+            return f"log_prob is {lp.item()}"
+        if g is None:
+            return "log_prob does not depend on the position"
+        bad = (~torch.isfinite(g[0])).nonzero().flatten().tolist()
+        if bad:
+            return f"the gradient is not finite at coordinates {bad[:10]}"
+        return "finite"
+
+    # ------------------------------------------------------------------ internals
+    def _log_prob_batch(self, x: torch.Tensor) -> torch.Tensor:
+        """``(C,)`` log densities of ``(C, D)`` positions (graph kept for one grad)."""
+        if self.batched:
+            return self.log_prob(x)
+        if x.shape[0] == 1:
+            return self.log_prob(x[0]).unsqueeze(0)
+        if self._use_vmap:
+            try:
+                return torch.func.vmap(self.log_prob)(x)
+            except (RuntimeError, ValueError, TypeError, NotImplementedError) as error:
+                rows = torch.stack([self.log_prob(row) for row in x.unbind(0)])
+                self._use_vmap = False
+                warnings.warn(
+                    "torch.func.vmap cannot batch this log_prob "
+                    f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
+                    "evaluating chains one at a time. Write a batched log_prob and pass "
+                    "batched=True for speed.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                return rows
+        return torch.stack([self.log_prob(row) for row in x.unbind(0)])
+
+    def _evaluate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = q.detach().requires_grad_(True)
+        distribution = torch.distributions.Distribution
+        validating = distribution._validate_args
+        distribution._validate_args = False
+        try:
+            lp = self._log_prob_batch(x)
+            total = lp.sum()
+            # Differentiating with a cotangent of -1 gives dU/dq directly.
+            (grad,) = torch.autograd.grad(total, x, grad_outputs=self._minus_one(total))
+        except (RuntimeError, ValueError, ArithmeticError) as error:
+            if x.shape[0] == 1:
+                self._warn_raise(error)
+                self.evaluations += 1
+                return _infinite(q)
+            return self._evaluate_rows(q)
+        finally:
+            distribution._validate_args = validating
+        self.evaluations += q.shape[0]
+        U = lp.detach().neg()
+        # On the CPU a host check lets the common all-finite case skip the row-wise
+        # selects (a NaN or an infinity anywhere makes one of the two sums non-finite). On
+        # accelerators the selects always run, so that no evaluation waits for the device.
+        if q.device.type == "cpu" and math.isfinite(total.item() + grad.sum().item()):
+            return U, grad
+        finite = torch.isfinite(U + grad.sum(-1))
+        U = torch.where(finite, U, torch.inf)
+        grad = torch.where(finite.unsqueeze(-1), grad, 0.0)
+        return U, grad
+
+    def _minus_one(self, like: torch.Tensor) -> torch.Tensor:
+        key = (like.dtype, like.device)
+        value = self._cotangents.get(key)
+        if value is None:
+            value = self._cotangents[key] = torch.tensor(-1.0, dtype=like.dtype, device=like.device)
+        return value
+
+    def _evaluate_rows(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row by row, after the batch raised: rows that raise get ``U = +inf``."""
+        parts = [self._evaluate(row.unsqueeze(0)) for row in q.unbind(0)]
+        return torch.cat([U for U, _ in parts]), torch.cat([g for _, g in parts])
+
+    def _warn_raise(self, error: Exception) -> None:
+        if not self._warned_raise:
+            self._warned_raise = True
+            warnings.warn(
+                f"log_prob raised {type(error).__name__} ({str(error).splitlines()[0][:200]}); "
+                "such positions are treated as having zero density (U = +inf).",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+
+    def _evaluate_cached(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = self.cache
+        assert cache is not None
+        keys = cache.keys_for(q)
+        found = cache.lookup(keys)
+        missing = [i for i, entry in enumerate(found) if entry is None]
+        if missing:
+            index = torch.tensor(missing, device=q.device)
+            U_new, g_new = self._evaluate(q.index_select(0, index))
+            cache.store([keys[i] for i in missing], U_new, g_new)
+            for j, i in enumerate(missing):
+                found[i] = (U_new[j], g_new[j])
+        U = torch.stack([entry[0] for entry in found])
+        grad = torch.stack([entry[1] for entry in found])
+        return U, grad
+
+
+def _infinite(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.full(q.shape[:1], torch.inf, dtype=q.dtype, device=q.device), torch.zeros_like(q)

@@ -1,0 +1,506 @@
+"""The driver: ``hmc.sample`` validates its arguments, finds initial points, runs warmup
+and sampling for all chains at once, and returns an ArviZ ``DataTree``.
+
+Each chain iterates on its own counter: a chain that finishes a transition is recorded,
+adapted (during its own warmup) and moved on, whatever the other chains are doing. The loop
+reads a few counters from the device once per kernel call, never per leapfrog step.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import os
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from hmc.adapt.schedule import build_schedule
+from hmc.adapt.warmup import warmup_init, warmup_update
+from hmc.kernels.base import Kernel, Params
+from hmc.kernels.hmc import HMC
+from hmc.memo import MemoCache
+from hmc.metric import metric_from_inverse
+from hmc.potential import Potential
+from hmc.random import Stream, chain_keys, uniform
+from hmc.state import State
+from hmc.target import FlatTarget, Target
+from hmc.to_arviz import to_datatree
+
+__all__ = ["sample"]
+
+METRICS = ("identity", "diag", "dense")
+MAX_INIT_TRIES = 100
+
+
+def _kernel_names() -> dict[str, Callable[[], Kernel]]:
+    names: dict[str, Callable[[], Kernel]] = {"hmc": HMC}
+    try:
+        from hmc.kernels.nuts import NUTS
+    except ImportError:  # pragma: no cover - NUTS ships with the package
+        return names
+    names["nuts"] = NUTS
+    return names
+
+
+def sample(
+    log_prob: Callable[[torch.Tensor], torch.Tensor] | Target,
+    init: Any = None,
+    *,
+    dim: int | None = None,
+    chains: int = 4,
+    warmup: int = 1000,
+    draws: int = 1000,
+    kernel: str | Kernel = "nuts",
+    metric: str = "diag",
+    target_accept: float = 0.8,
+    step_size: float | None = None,
+    seed: int | None = None,
+    dtype: torch.dtype = torch.float64,
+    device: str | torch.device | None = None,
+    cache: MemoCache | bool | None = None,
+    save_warmup: bool = False,
+    progress: bool | None = None,
+    batched: bool = False,
+):
+    """Draw from a log density with HMC or NUTS; return an ArviZ ``DataTree``.
+
+    Parameters
+    ----------
+    log_prob : callable or hmc.Model
+        ``log_prob(q)`` for one position ``(D,)`` returning a 0-d tensor (batched over
+        chains with ``torch.func.vmap``), or ``(C, D) -> (C,)`` with ``batched=True``; or an
+        :class:`hmc.Model` with named, constrained parameters.
+    init : tensor, optional
+        ``(D,)`` (every chain) or ``(chains, D)`` starts; for a model, a dict of constrained
+        values. Without it each chain draws uniform(-2, 2) starts on the unconstrained
+        scale, retrying up to 100 times until the value and gradient are finite.
+    dim : int, optional
+        The dimension D, required for a plain callable without ``init``.
+    chains, warmup, draws : int
+        Number of chains; warmup (adaptation) and kept iterations per chain.
+    kernel : "nuts", "hmc", or a kernel instance (:class:`hmc.NUTS`, :class:`hmc.HMC`)
+    metric : "diag" (default), "dense" or "identity" (not adapted)
+    target_accept : float
+        Dual averaging's target acceptance statistic (Stan's delta, 0.8).
+    step_size : float, optional
+        Initial step size (default 1, then Stan's heuristic). With ``warmup=0`` it is used
+        as is; without it and without warmup, the heuristic alone sets it.
+    seed : int, optional
+        Chain ``c`` draws its random numbers from ``(seed, c)`` only: the same seed and
+        settings give bit-identical output on the CPU. Random when not given (and then
+        stored in the output's attrs).
+    dtype, device : where the chains live (float64 on the CPU by default).
+    cache : MemoCache or True, optional
+        A position-keyed memo cache for the energy module (a pure optimisation).
+    save_warmup : bool
+        Also return the ``warmup_posterior`` and ``warmup_sample_stats`` groups.
+    progress : bool, optional
+        Show a progress bar; by default when standard error is a terminal and the ``CI``
+        environment variable is not set.
+    batched : bool
+        ``log_prob`` takes ``(C, D)`` and returns ``(C,)``.
+
+    Returns
+    -------
+    xarray.DataTree
+        ``posterior`` (variable ``x`` with dims ``(chain, draw, x_dim_0)`` for a callable,
+        the model's names otherwise), ``sample_stats`` (``lp``, ``acceptance_rate``,
+        ``step_size``, ``n_steps``, ``diverging``, ``energy``, ``energy_error``,
+        ``max_energy_error``, and for NUTS ``tree_depth``, ``reached_max_treedepth``),
+        ``adaptation`` (the adapted step size and inverse metric per chain) and attrs
+        (``inference_library``, version, ``sampling_time``, ``n_gradient_evaluations``...).
+
+    Examples
+    --------
+    >>> import torch, hmc
+    >>> dt = hmc.sample(lambda q: -0.5 * (q**2).sum(), dim=2, chains=2, draws=200,
+    ...                 warmup=200, seed=1, progress=False)
+    >>> dict(dt["posterior"].sizes)
+    {'chain': 2, 'draw': 200, 'x_dim_0': 2}
+    """
+    settings = _validate(
+        chains=chains,
+        warmup=warmup,
+        draws=draws,
+        kernel=kernel,
+        metric=metric,
+        target_accept=target_accept,
+        step_size=step_size,
+        seed=seed,
+        dtype=dtype,
+        save_warmup=save_warmup,
+        progress=progress,
+        dim=dim,
+    )
+    seed = settings.seed
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    target = _as_target(log_prob, dim, batched)
+    potential = Potential(target.log_prob, batched=target.batched, cache=cache)
+    keys = chain_keys(seed, torch.arange(chains, device=device))
+
+    started = time.perf_counter()
+    position = target.initial_positions(init, chains, dtype, device)
+    state = _initial_state(target, potential, position, keys, chains, dtype, device)
+    dim = state.position.shape[1]
+    _check_dense_memory(metric, chains, dim, dtype, device)
+
+    params = Params(
+        torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
+        metric_from_inverse(torch.ones(chains, dim, dtype=dtype, device=device)),
+    )
+    recorder = _Recorder(chains, warmup, draws, dim, save_warmup, settings.kernel, state)
+    tuning_started = time.perf_counter()
+    if warmup > 0 or step_size is None:
+        warm, params = warmup_init(state, params, potential, keys, dense=metric == "dense")
+    else:
+        warm = None
+    schedule = build_schedule(warmup)
+    run = _Loop(
+        kernel=settings.kernel,
+        potential=potential,
+        keys=keys,
+        warmup=warmup,
+        draws=draws,
+        schedule=schedule,
+        target_accept=target_accept,
+        adapt_metric=metric != "identity",
+        progress=settings.progress,
+    )
+    params, timing = run(state, params, warm, recorder)
+    finished = time.perf_counter()
+
+    draws_array = recorder.positions[:, -draws:].numpy(force=True)
+    attrs = {
+        "inference_library": "hmc",
+        "inference_library_version": _version(),
+        "sampling_time": finished - tuning_started - timing["warmup"],
+        "warmup_time": timing["warmup"],
+        "total_time": finished - started,
+        "tuning_steps": warmup,
+        "n_gradient_evaluations": potential.evaluations,
+        "seed": seed,
+        "kernel": type(settings.kernel).__name__,
+        "kernel_settings": str(settings.kernel),
+        "metric": metric,
+        "chain_utilization": timing["utilization"],
+        "torch_version": torch.__version__,
+        "device": str(device),
+    }
+    if potential.cache is not None:
+        attrs["cache_hits"] = potential.cache.hits
+        attrs["cache_misses"] = potential.cache.misses
+    dims, coords = target.dims_and_coords()
+    warmup_groups = {}
+    if save_warmup:
+        warm_draws = recorder.positions[:, :warmup].numpy(force=True)
+        warmup_groups = {
+            "warmup_posterior": target.posterior(warm_draws),
+            "warmup_sample_stats": recorder.stats(slice(0, warmup)),
+        }
+    tree = to_datatree(
+        target.posterior(draws_array),
+        recorder.stats(slice(recorder.kept - draws, recorder.kept)),
+        extra_groups=target.extra_groups(draws_array),
+        dims=dims,
+        coords=coords,
+        attrs=attrs,
+        **warmup_groups,
+    )
+    _attach_adaptation(tree, params)
+    return tree
+
+
+# ---------------------------------------------------------------------- the loop
+class _Loop(NamedTuple):
+    kernel: Kernel
+    potential: Potential
+    keys: torch.Tensor
+    warmup: int
+    draws: int
+    schedule: Any
+    target_accept: float
+    adapt_metric: bool
+    progress: bool
+
+    def __call__(self, state: State, params: Params, warm, recorder: _Recorder):
+        chains = state.position.shape[0]
+        device = state.position.device
+        total = self.warmup + self.draws
+        iteration = torch.zeros(chains, dtype=torch.int64, device=device)
+        kernel_state = self.kernel.init(state)
+        bar = _progress_bar(chains * total, self.progress)
+        done_so_far, warmup_seconds, started = 0, 0.0, time.perf_counter()
+        useful = slots = 0
+        while True:
+            running = iteration < total
+            sampling = iteration >= self.warmup
+            kernel_state, done, new_state, info = self.kernel.advance(
+                kernel_state, params, self.potential, self.keys, running, sampling
+            )
+            done = done & running
+            recorder.write(done, iteration, new_state, info, params.step_size)
+            if warm is not None and self.warmup > 0:
+                adapting = done & (iteration < self.warmup)
+                warm, params = warmup_update(
+                    warm,
+                    params,
+                    self.schedule,
+                    adapting,
+                    iteration,
+                    info.acceptance_rate,
+                    new_state,
+                    self.potential,
+                    self.keys,
+                    self.target_accept,
+                    self.adapt_metric,
+                )
+            iteration = iteration + done.to(iteration.dtype)
+            counts = torch.stack(
+                (
+                    iteration.sum(),
+                    iteration.min(),
+                    (iteration < self.warmup).sum(),
+                    recorder.divergences,
+                    getattr(kernel_state, "busy", running).sum(),
+                    running.sum(),
+                )
+            ).tolist()
+            total_done, least, warming, divergences, busy, alive = counts
+            if warming == 0 and warmup_seconds == 0.0:
+                warmup_seconds = time.perf_counter() - started
+            if warming == 0:
+                useful += busy
+                slots += alive
+            if bar is not None:
+                bar.update(total_done - done_so_far)
+                bar.set_postfix(divergences=divergences, refresh=False)
+            done_so_far = total_done
+            if least >= total:
+                break
+        if bar is not None:
+            bar.close()
+        utilization = useful / slots if slots else 1.0
+        return params, {"warmup": warmup_seconds, "utilization": utilization}
+
+
+class _Recorder:
+    """Device buffers for positions and statistics, written per chain at its iteration."""
+
+    def __init__(
+        self,
+        chains: int,
+        warmup: int,
+        draws: int,
+        dim: int,
+        save_warmup: bool,
+        kernel: Kernel,
+        state: State,
+    ) -> None:
+        self.offset = 0 if save_warmup else warmup
+        self.kept = warmup + draws - self.offset
+        like = state.position
+        self.rows = torch.arange(chains, device=like.device)
+        self.positions = torch.zeros(chains, self.kept, dim, dtype=like.dtype, device=like.device)
+        self.buffers: dict[str, torch.Tensor] = {
+            "lp": torch.zeros(chains, self.kept, dtype=like.dtype, device=like.device),
+            "step_size": torch.zeros(chains, self.kept, dtype=like.dtype, device=like.device),
+        }
+        self.names = tuple(kernel.stat_names)
+        self.divergences = torch.zeros((), dtype=torch.int64, device=like.device)
+
+    def write(
+        self,
+        done: torch.Tensor,
+        iteration: torch.Tensor,
+        state: State,
+        info: NamedTuple,
+        step_size: torch.Tensor,
+    ) -> None:
+        slot = iteration - self.offset
+        keep = done & (slot >= 0) & (slot < self.kept)
+        slot = slot.clamp(0, self.kept - 1)
+        rows = self.rows
+        old = self.positions[rows, slot]
+        self.positions[rows, slot] = torch.where(keep.unsqueeze(-1), state.position, old)
+        values = {"lp": -state.potential, "step_size": step_size, **info._asdict()}
+        for name, value in values.items():
+            buffer = self.buffers.get(name)
+            if buffer is None:
+                buffer = torch.zeros(
+                    rows.shape[0], self.kept, dtype=value.dtype, device=value.device
+                )
+                self.buffers[name] = buffer
+            buffer[rows, slot] = torch.where(keep, value, buffer[rows, slot])
+        self.divergences = self.divergences + (info.diverging & keep).sum()
+
+    def stats(self, window: slice) -> dict[str, np.ndarray]:
+        return {name: buf[:, window].numpy(force=True) for name, buf in self.buffers.items()}
+
+
+# ---------------------------------------------------------------------- set-up
+class _Settings(NamedTuple):
+    kernel: Kernel
+    seed: int
+    progress: bool
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _validate(**kw: Any) -> _Settings:
+    for name, minimum in (("chains", 1), ("warmup", 0), ("draws", 1)):
+        value = kw[name]
+        if not _is_int(value) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    kernel = kw["kernel"]
+    if isinstance(kernel, str):
+        names = _kernel_names()
+        if kernel.lower() not in names:
+            raise ValueError(f"kernel must be one of {sorted(names)} or a kernel, got {kernel!r}")
+        kernel = names[kernel.lower()]()
+    elif not (hasattr(kernel, "advance") and hasattr(kernel, "init")):
+        raise TypeError(
+            f"kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS), got {kernel!r}"
+        )
+    if kw["metric"] not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {kw['metric']!r}")
+    target_accept = kw["target_accept"]
+    if not isinstance(target_accept, int | float) or not 0 < target_accept < 1:
+        raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
+    step = kw["step_size"]
+    if step is not None and (
+        not isinstance(step, int | float) or isinstance(step, bool) or not 0 < step < math.inf
+    ):
+        raise ValueError(f"step_size must be a positive finite number, got {step!r}")
+    if kw["dtype"] not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {kw['dtype']!r}")
+    seed = kw["seed"]
+    if seed is None:
+        seed = secrets.randbits(63)
+    elif not _is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if kw["dim"] is not None and (not _is_int(kw["dim"]) or kw["dim"] < 1):
+        raise ValueError(f"dim must be a positive integer, got {kw['dim']!r}")
+    if not isinstance(kw["save_warmup"], bool):
+        raise TypeError(f"save_warmup must be True or False, got {kw['save_warmup']!r}")
+    progress = kw["progress"]
+    if progress is None:
+        progress = sys.stderr.isatty() and not os.environ.get("CI")
+    return _Settings(kernel, int(seed), bool(progress))
+
+
+def _as_target(log_prob: Any, dim: int | None, batched: bool) -> Target:
+    if isinstance(log_prob, Target) and not callable(log_prob):
+        return log_prob
+    if hasattr(log_prob, "log_prob") and hasattr(log_prob, "posterior"):
+        return log_prob
+    if not callable(log_prob):
+        raise TypeError(
+            f"log_prob must be a callable or an hmc.Model, got {type(log_prob).__name__}"
+        )
+    return FlatTarget(log_prob, dim, batched)
+
+
+def _initial_state(
+    target: Target,
+    potential: Potential,
+    position: torch.Tensor | None,
+    keys: torch.Tensor,
+    chains: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> State:
+    """Evaluate user starts, or draw uniform(-2, 2) starts until finite (100 tries)."""
+    if position is not None:
+        potential.check(position)
+        U, grad = potential.value_and_grad(position)
+        bad = (~torch.isfinite(U)).nonzero().flatten().tolist()
+        if bad:
+            reason = potential.explain(position[bad[0]])
+            raise ValueError(
+                f"init for chains {bad} has zero density or a non-finite gradient "
+                f"(chain {bad[0]}: {reason})"
+            )
+        return State(position, U, grad)
+    if target.dim is None:
+        raise ValueError("dim is required when no init is given (the number of parameters)")
+    dim = target.dim
+    position = torch.zeros(chains, dim, dtype=dtype, device=device)
+    U = torch.full((chains,), torch.inf, dtype=dtype, device=device)
+    grad = torch.zeros(chains, dim, dtype=dtype, device=device)
+    pending = torch.arange(chains, device=device)
+    for attempt in range(MAX_INIT_TRIES):
+        counter = torch.full((pending.numel(),), attempt, dtype=torch.int64, device=device)
+        trial = 4 * uniform(keys[pending], Stream.INIT, counter, dim, dtype) - 2
+        if attempt == 0:
+            potential.check(trial)
+        U_new, g_new = potential.value_and_grad(trial)
+        position = position.index_copy(0, pending, trial)
+        U = U.index_copy(0, pending, U_new)
+        grad = grad.index_copy(0, pending, g_new)
+        pending = pending[~torch.isfinite(U_new)]
+        if pending.numel() == 0:
+            return State(position, U, grad)
+    chain = int(pending[0])
+    raise ValueError(
+        f"could not find a finite starting point for chains {pending.tolist()} after "
+        f"{MAX_INIT_TRIES} uniform(-2, 2) draws (last try, chain {chain}: "
+        f"{potential.explain(position[chain])}); pass init="
+    )
+
+
+def _check_dense_memory(
+    metric: str, chains: int, dim: int, dtype: torch.dtype, device: torch.device
+) -> None:
+    if metric != "dense":
+        return
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    needed = 4 * chains * dim * dim * itemsize  # metric, Cholesky, estimate, workspace
+    if device.type == "cuda":
+        available = torch.cuda.mem_get_info(device)[0]
+    else:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > available // 2:
+        raise ValueError(
+            f"metric='dense' needs about {needed / 2**30:.1f} GiB for {chains} chains of "
+            f"dimension {dim} ({chains} x {dim} x {dim} matrices, several copies), more than "
+            f"half the {available / 2**30:.1f} GiB available; use metric='diag'"
+        )
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="draws", desc="sampling", mininterval=0.25, smoothing=0.1)
+
+
+def _attach_adaptation(tree, params: Params) -> None:
+    import xarray
+
+    inverse = params.metric.inverse.numpy(force=True)
+    names = ("chain", "dim_0") if inverse.ndim == 2 else ("chain", "dim_0", "dim_1")
+    tree["adaptation"] = xarray.DataTree(
+        xarray.Dataset(
+            {
+                "step_size": (("chain",), params.step_size.numpy(force=True)),
+                "inverse_metric": (names, inverse),
+            },
+            coords={"chain": np.arange(inverse.shape[0])},
+        )
+    )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("hmc")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "0.1.0"
