@@ -6,7 +6,7 @@ cache, states, metrics, the leapfrog integrator, kernels, adaptation) are public
 """
 
 from hmc.integrators import leapfrog
-from hmc.kernels import HMC, Params
+from hmc.kernels import HMC, NUTS, Params
 from hmc.memo import MemoCache
 from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
 from hmc.potential import Potential
@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HMC",
+    "NUTS",
     "DenseMetric",
     "DiagonalMetric",
     "MemoCache",

@@ -18,7 +18,7 @@ from enum import IntEnum
 
 import torch
 
-__all__ = ["Stream", "chain_keys", "normal", "uniform"]
+__all__ = ["Stream", "chain_keys", "normal", "uniform", "uniform_at"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -114,3 +114,14 @@ def normal(
     angle = (2.0 * math.pi) * u[..., pairs:]
     z = torch.cat((radius * torch.cos(angle), radius * torch.sin(angle)), dim=-1)
     return z[..., :n].to(dtype)
+
+
+def uniform_at(
+    keys: torch.Tensor, stream: Stream, index: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """One uniform in (0, 1) per entry of ``index`` ``(C, ...)`` (any int64 values),
+    for chain keys ``(C,)``: value number ``index`` of the chain's stream."""
+    key = _mix(keys ^ _wrap(int(stream) * _GOLDEN))
+    key = key.view((-1,) + (1,) * (index.dim() - 1))
+    bits = _shift_right(_mix(key + index * _GOLDEN), 11) & _LOW53
+    return ((bits.to(torch.float64) + 0.5) * 2.0**-53).to(dtype)

@@ -24,6 +24,7 @@ from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import warmup_init, warmup_update
 from hmc.kernels.base import Kernel, Params
 from hmc.kernels.hmc import HMC
+from hmc.kernels.nuts import NUTS
 from hmc.memo import MemoCache
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential
@@ -38,14 +39,7 @@ METRICS = ("identity", "diag", "dense")
 MAX_INIT_TRIES = 100
 
 
-def _kernel_names() -> dict[str, Callable[[], Kernel]]:
-    names: dict[str, Callable[[], Kernel]] = {"hmc": HMC}
-    try:
-        from hmc.kernels.nuts import NUTS
-    except ImportError:  # pragma: no cover - NUTS ships with the package
-        return names
-    names["nuts"] = NUTS
-    return names
+KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS}
 
 
 def sample(
@@ -233,53 +227,63 @@ class _Loop(NamedTuple):
         device = state.position.device
         total = self.warmup + self.draws
         iteration = torch.zeros(chains, dtype=torch.int64, device=device)
-        kernel_state = self.kernel.init(state)
+        kernel_state = self.kernel.init(state, total)
         bar = _progress_bar(chains * total, self.progress)
         done_so_far, warmup_seconds, started = 0, 0.0, time.perf_counter()
         useful = slots = 0
         while True:
-            running = iteration < total
             sampling = iteration >= self.warmup
-            kernel_state, done, new_state, info = self.kernel.advance(
-                kernel_state, params, self.potential, self.keys, running, sampling
+            running = iteration < total
+            kernel_state, done = self.kernel.advance(
+                kernel_state, params, self.potential, self.keys, sampling
             )
-            done = done & running
-            recorder.write(done, iteration, new_state, info, params.step_size)
-            if warm is not None and self.warmup > 0:
-                adapting = done & (iteration < self.warmup)
-                warm, params = warmup_update(
-                    warm,
-                    params,
-                    self.schedule,
-                    adapting,
-                    iteration,
-                    info.acceptance_rate,
-                    new_state,
-                    self.potential,
-                    self.keys,
-                    self.target_accept,
-                    self.adapt_metric,
-                )
-            iteration = iteration + done.to(iteration.dtype)
-            counts = torch.stack(
+            advanced = iteration + done.to(iteration.dtype)
+            kernel_flags = getattr(kernel_state, "flags", iteration[:0])
+            counts = torch.cat(
                 (
-                    iteration.sum(),
-                    iteration.min(),
-                    (iteration < self.warmup).sum(),
-                    recorder.divergences,
-                    getattr(kernel_state, "busy", running).sum(),
-                    running.sum(),
+                    torch.stack(
+                        (
+                            done.any(),
+                            (done & (iteration < self.warmup)).any(),
+                            advanced.sum(),
+                            advanced.min(),
+                            (advanced < self.warmup).sum(),
+                            getattr(kernel_state, "busy", running).sum(),
+                            running.sum(),
+                        )
+                    ),
+                    kernel_flags.to(torch.int64),
                 )
             ).tolist()
-            total_done, least, warming, divergences, busy, alive = counts
+            any_done, any_adapting, total_done, least, warming, busy, alive = counts[:7]
+            if kernel_flags.numel():
+                kernel_state = self.kernel.with_host_flags(kernel_state, counts[7:])
+            if any_done:
+                new_state, info = self.kernel.report(kernel_state)
+                recorder.write(done, iteration, new_state, info, params.step_size)
+                if any_adapting and warm is not None:
+                    warm, params = warmup_update(
+                        warm,
+                        params,
+                        self.schedule,
+                        done & (iteration < self.warmup),
+                        iteration,
+                        info.acceptance_rate,
+                        new_state,
+                        self.potential,
+                        self.keys,
+                        self.target_accept,
+                        self.adapt_metric,
+                    )
+            iteration = advanced
             if warming == 0 and warmup_seconds == 0.0:
                 warmup_seconds = time.perf_counter() - started
             if warming == 0:
                 useful += busy
                 slots += alive
-            if bar is not None:
+            if bar is not None and any_done:
                 bar.update(total_done - done_so_far)
-                bar.set_postfix(divergences=divergences, refresh=False)
+                bar.set_postfix(divergences=int(recorder.divergences), refresh=False)
             done_so_far = total_done
             if least >= total:
                 break
@@ -361,10 +365,9 @@ def _validate(**kw: Any) -> _Settings:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     kernel = kw["kernel"]
     if isinstance(kernel, str):
-        names = _kernel_names()
-        if kernel.lower() not in names:
-            raise ValueError(f"kernel must be one of {sorted(names)} or a kernel, got {kernel!r}")
-        kernel = names[kernel.lower()]()
+        if kernel.lower() not in KERNELS:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS)} or a kernel, got {kernel!r}")
+        kernel = KERNELS[kernel.lower()]()
     elif not (hasattr(kernel, "advance") and hasattr(kernel, "init")):
         raise TypeError(
             f"kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS), got {kernel!r}"

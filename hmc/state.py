@@ -29,20 +29,45 @@ class State(NamedTuple):
 R = TypeVar("R", bound=tuple)
 
 
-def _broadcast(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return mask.view(mask.shape + (1,) * (like.dim() - mask.dim()))
-
-
 def where_rows(mask: torch.Tensor, a: R, b: R) -> R:
-    """Row-wise select: chain ``c`` from ``a`` where ``mask[c]`` else from ``b``."""
-    return type(a)(*(torch.where(_broadcast(mask, x), x, y) for x, y in zip(a, b, strict=True)))
+    """Row-wise select over (nested) records: chain ``c`` from ``a`` where ``mask[c]``."""
+    return _where_record(_Masks(mask), a, b)
 
 
 def take_rows(record: R, rows: torch.Tensor) -> R:
-    """The chains ``rows`` (a ``(K,)`` index tensor) of every field."""
-    return type(record)(*(x.index_select(0, rows) for x in record))
+    """The chains ``rows`` (a ``(K,)`` index tensor) of every field of a (nested) record."""
+    return type(record)(*(_take(x, rows) for x in record))
 
 
 def put_rows(record: R, rows: torch.Tensor, values: R) -> R:
-    """A copy of ``record`` with chains ``rows`` replaced by ``values`` (``K`` rows each)."""
-    return type(record)(*(x.index_copy(0, rows, v) for x, v in zip(record, values, strict=True)))
+    """A copy of a (nested) record with chains ``rows`` replaced by ``values``."""
+    return type(record)(*(_put(x, rows, v) for x, v in zip(record, values, strict=True)))
+
+
+class _Masks(dict):
+    """A ``(C,)`` mask reshaped once per number of dimensions it is broadcast to."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        super().__init__({1: mask})
+
+    def __missing__(self, ndim: int) -> torch.Tensor:
+        mask = self[1].view((-1,) + (1,) * (ndim - 1))
+        self[ndim] = mask
+        return mask
+
+
+def _where_record(masks: _Masks, a: R, b: R) -> R:
+    return type(a)(
+        *(
+            _where_record(masks, x, y) if isinstance(x, tuple) else torch.where(masks[x.dim()], x, y)
+            for x, y in zip(a, b, strict=True)
+        )
+    )
+
+
+def _take(x, rows):
+    return take_rows(x, rows) if isinstance(x, tuple) else x.index_select(0, rows)
+
+
+def _put(x, rows, v):
+    return put_rows(x, rows, v) if isinstance(x, tuple) else x.index_copy(0, rows, v)

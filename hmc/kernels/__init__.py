@@ -2,5 +2,6 @@
 
 from hmc.kernels.base import Kernel, Params
 from hmc.kernels.hmc import HMC, HMCInfo
+from hmc.kernels.nuts import NUTS, NUTSInfo
 
-__all__ = ["HMC", "HMCInfo", "Kernel", "Params"]
+__all__ = ["HMC", "NUTS", "HMCInfo", "Kernel", "NUTSInfo", "Params"]

@@ -34,8 +34,8 @@ class Kernel(Protocol):
     #: names of the per-transition statistics the kernel reports (ArviZ names)
     stat_names: tuple[str, ...]
 
-    def init(self, state: State) -> NamedTuple:
-        """Kernel state (in-flight work, per-chain counters) for chains at ``state``."""
+    def init(self, state: State, num_transitions: int | None = None) -> NamedTuple:
+        """Kernel state for chains at ``state``, each to run ``num_transitions``."""
         ...
 
     def advance(
@@ -44,13 +44,19 @@ class Kernel(Protocol):
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
-        running: torch.Tensor,
-        phase: int,
-    ) -> tuple[NamedTuple, torch.Tensor, State, NamedTuple]:
-        """Advance the chains where ``running`` ``(C,)`` is True.
+        sampling: torch.Tensor,
+    ) -> tuple[NamedTuple, torch.Tensor]:
+        """Advance every chain that has transitions left.
 
-        ``phase`` is 0 during warmup and 1 while sampling. Returns the new kernel state,
-        ``done`` ``(C,)`` (chains that completed a transition in this call), the states
-        they moved to and their statistics (rows where ``done`` is False are unspecified).
+        ``sampling`` ``(C,)`` is True for chains past their warmup. Returns the new kernel
+        state and ``done`` ``(C,)``, the chains that completed a transition in this call.
+        A kernel that needs flags from the device between calls keeps them in a ``flags``
+        tensor field of its state; the driver reads them together with its own counters
+        (one host read per call) and hands them back through ``with_host_flags``.
         """
+        ...
+
+    def report(self, kernel_state: NamedTuple) -> tuple[State, NamedTuple]:
+        """The new states and statistics of the chains reported ``done`` by the last
+        :meth:`advance` (other rows are unspecified)."""
         ...

@@ -40,10 +40,12 @@ class HMCInfo(NamedTuple):
 
 
 class HMCState(NamedTuple):
-    """The chains' current states and how many transitions each has started ``(C,)``."""
+    """The chains' current states, transitions done ``(C,)`` and to do ``(C,)``."""
 
     state: State
     transitions: torch.Tensor
+    limit: torch.Tensor
+    info: HMCInfo | None
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,13 @@ class HMC:
         if not self.max_energy_error > 0:
             raise ValueError(f"max_energy_error must be positive, got {self.max_energy_error!r}")
 
-    def init(self, state: State) -> HMCState:
-        zeros = torch.zeros(state.position.shape[0], dtype=torch.int64, device=state.position.device)
-        return HMCState(state, zeros)
+    def init(self, state: State, num_transitions: int | None = None) -> HMCState:
+        """Kernel state for chains at ``state``, each to run ``num_transitions``."""
+        chains = state.position.shape[0]
+        device = state.position.device
+        limit = num_transitions if num_transitions is not None else 2**62
+        zeros = torch.zeros(chains, dtype=torch.int64, device=device)
+        return HMCState(state, zeros, torch.full_like(zeros, limit), None)
 
     def advance(
         self,
@@ -100,15 +106,22 @@ class HMC:
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
-        running: torch.Tensor,
-        phase: int,
-    ) -> tuple[HMCState, torch.Tensor, State, HMCInfo]:
-        """One transition for every running chain (see :class:`hmc.kernels.base.Kernel`)."""
-        state, counter = kernel_state
+        sampling: torch.Tensor,
+    ) -> tuple[HMCState, torch.Tensor]:
+        """One transition of every chain that has transitions left (see
+        :class:`hmc.kernels.base.Kernel`)."""
+        state, counter, limit, _ = kernel_state
+        running = counter < limit
         new_state, info = self.transition(state, params, potential, keys, counter)
         new_state = where_rows(running, new_state, state)
         counter = counter + running.to(counter.dtype)
-        return HMCState(new_state, counter), running, new_state, info
+        return HMCState(new_state, counter, limit, info), running
+
+    @staticmethod
+    def report(kernel_state: HMCState) -> tuple[State, HMCInfo]:
+        """The states and statistics of the last transitions."""
+        assert kernel_state.info is not None, "report() comes after advance()"
+        return kernel_state.state, kernel_state.info
 
     def num_steps_for(
         self, step_size: torch.Tensor, keys: torch.Tensor, counter: torch.Tensor

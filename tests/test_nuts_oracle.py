@@ -1,0 +1,145 @@
+"""The iterative, batched NUTS kernel against the recursive transcription of Stan's
+``transition``/``build_tree`` (tests/nuts_oracle.py), given the same momentum, directions
+and uniforms."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import hmc
+from hmc.kernels.base import Params
+from hmc.metric import metric_from_inverse
+from hmc.random import Stream, chain_keys, normal, uniform_at
+from hmc.state import State
+from tests.nuts_oracle import Oracle, Point
+
+TREE_DRAWS = 1 << 32
+
+
+def gaussian(scales: torch.Tensor):
+    def log_prob(q):
+        return -0.5 * ((q / scales) ** 2).sum(-1)
+
+    return log_prob
+
+
+def student_t(q, nu=5.0):
+    return (-(nu + 1) / 2 * torch.log1p(q**2 / nu)).sum(-1)
+
+
+def funnel(q):
+    v, x = q[..., 0], q[..., 1:]
+    return -(v**2) / 18 - (x**2 / torch.exp(v).unsqueeze(-1)).sum(-1) / 2 - (x.shape[-1] / 2) * v
+
+
+def run_fast(kernel, log_prob, q0, step_size, inverse, seed):
+    """One transition per chain with the batched kernel; per-chain (q, info) rows."""
+    potential = hmc.Potential(log_prob, batched=True)
+    U, g = potential.value_and_grad(q0)
+    chains = q0.shape[0]
+    ks = kernel.init(State(q0, U, g), num_transitions=1)
+    params = Params(step_size, metric_from_inverse(inverse))
+    keys = chain_keys(seed, torch.arange(chains))
+    sampling = torch.ones(chains, dtype=torch.bool)
+    results = {}
+    for _ in range(5000):
+        ks, done = kernel.advance(ks, params, potential, keys, sampling)
+        ks = kernel.with_host_flags(ks, ks.flags.tolist())
+        if done.any():
+            state, info = kernel.report(ks)
+            for c in done.nonzero().flatten().tolist():
+                results[c] = (state.position[c].clone(), {k: v[c].item() for k, v in info._asdict().items()})
+        if len(results) == chains:
+            break
+    return results, keys, potential
+
+
+def run_oracle(log_prob, q0, step, inverse, key, max_depth):
+    potential = hmc.Potential(log_prob, batched=True)
+
+    def value_and_grad(q):
+        U, g = potential.value_and_grad(q.unsqueeze(0))
+        return U.item(), g[0]
+
+    metric = metric_from_inverse(inverse.unsqueeze(0))
+    noise = normal(key.view(1), Stream.MOMENTUM, torch.zeros(1, dtype=torch.int64), q0.shape[0])
+    p0 = metric.momentum(noise)[0]
+    U0, g0 = value_and_grad(q0)
+    uniforms = (
+        uniform_at(key.view(1), Stream.TREE, torch.tensor([i], dtype=torch.int64)).item()
+        for i in itertools.count()
+    )
+    oracle = Oracle(value_and_grad, inverse, step, max_depth)
+    return oracle.transition(Point(q0, U0, g0, p0), uniforms)
+
+
+TARGETS = {
+    "gaussian": (gaussian(torch.logspace(-1, 0.5, 6, dtype=torch.float64)), 6),
+    "student_t": (student_t, 4),
+    "funnel": (funnel, 5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+@pytest.mark.parametrize("max_depth", [4, 10])
+@pytest.mark.parametrize("dense", [False, True])
+def test_iterative_kernel_matches_recursive_oracle(name, max_depth, dense):
+    log_prob, dim = TARGETS[name]
+    gen = torch.Generator().manual_seed(hash((name, max_depth, dense)) % 2**31)
+    chains = 24
+    q0 = torch.randn(chains, dim, generator=gen, dtype=torch.float64)
+    # step sizes from 0.01 (long trees, max depth) to 30 (divergent)
+    step = torch.exp(torch.empty(chains, dtype=torch.float64).uniform_(
+        math.log(0.01), math.log(30.0), generator=gen))
+    if dense:
+        a = torch.randn(chains, dim, dim, generator=gen, dtype=torch.float64) * 0.3
+        inverse = a @ a.mT + torch.eye(dim, dtype=torch.float64)
+    else:
+        inverse = torch.exp(torch.randn(chains, dim, generator=gen, dtype=torch.float64) * 0.5)
+    kernel = hmc.NUTS(max_tree_depth=max_depth)
+    fast, keys, _ = run_fast(kernel, log_prob, q0, step, inverse, seed=7)
+    for c in range(chains):
+        expected = run_oracle(log_prob, q0[c], step[c].item(), inverse[c], keys[c], max_depth)
+        q, info = fast[c]
+        assert info["n_steps"] == expected.n_leapfrog, c
+        assert info["tree_depth"] == expected.depth, c
+        assert info["diverging"] == expected.divergent, c
+        assert info["reached_max_treedepth"] == (expected.depth >= max_depth), c
+        torch.testing.assert_close(q, expected.q, rtol=1e-9, atol=1e-12)
+        assert info["acceptance_rate"] == pytest.approx(expected.accept_stat, rel=1e-9)
+        assert info["energy"] == pytest.approx(expected.energy, rel=1e-9, abs=1e-12)
+
+
+def test_matches_oracle_where_the_checks_across_subtrees_matter():
+    """100-D iid normal, step sizes 0.3..1.5: without Stan's two extra U-turn checks per
+    merge, about a fifth of these transitions run to depth 6-10 (stan#2799)."""
+    chains, dim = 64, 100
+    log_prob = gaussian(torch.ones(dim, dtype=torch.float64))
+    q0 = torch.randn(chains, dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    step = torch.linspace(0.3, 1.5, chains, dtype=torch.float64)
+    inverse = torch.ones(chains, dim, dtype=torch.float64)
+    fast, keys, _ = run_fast(hmc.NUTS(), log_prob, q0, step, inverse, seed=3)
+    for c in range(chains):
+        expected = run_oracle(log_prob, q0[c], step[c].item(), inverse[c], keys[c], 10)
+        q, info = fast[c]
+        assert (info["n_steps"], info["tree_depth"]) == (expected.n_leapfrog, expected.depth)
+        assert info["tree_depth"] <= 4
+        torch.testing.assert_close(q, expected.q, rtol=1e-9, atol=1e-12)
+
+
+def test_oracle_cases_cover_divergence_and_max_depth():
+    """The comparison above includes diverging, max-depth and ordinary U-turn cases."""
+    log_prob, dim = TARGETS["gaussian"]
+    chains = 40
+    q0 = torch.randn(chains, dim, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    step = torch.logspace(-2, 1.5, chains, dtype=torch.float64)
+    inverse = torch.ones(chains, dim, dtype=torch.float64)
+    fast, _, _ = run_fast(hmc.NUTS(max_tree_depth=5), log_prob, q0, step, inverse, seed=1)
+    infos = [fast[c][1] for c in range(chains)]
+    assert any(i["diverging"] for i in infos)
+    assert any(i["reached_max_treedepth"] for i in infos)
+    assert any(not i["diverging"] and not i["reached_max_treedepth"] for i in infos)
