@@ -15,7 +15,7 @@ from hmc.kernels.base import Params
 from hmc.metric import metric_from_inverse
 from hmc.random import Stream, chain_keys, normal, uniform_at
 from hmc.state import State
-from tests.nuts_oracle import Oracle, Point
+from nuts_oracle import Oracle, Point
 
 TREE_DRAWS = 1 << 32
 
