@@ -48,9 +48,7 @@ class DenseMetric(NamedTuple):
 
     def momentum(self, noise: torch.Tensor) -> torch.Tensor:
         # inverse = L L^T, so M = L^-T L^-1 and p = L^-T z has covariance M.
-        solved = torch.linalg.solve_triangular(
-            self.cholesky.mT, noise.unsqueeze(-1), upper=True
-        )
+        solved = torch.linalg.solve_triangular(self.cholesky.mT, noise.unsqueeze(-1), upper=True)
         return solved.squeeze(-1)
 
 

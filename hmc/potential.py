@@ -119,7 +119,8 @@ class Potential:
         expected = f"({q.shape[0]},)" if self.batched else "a 0-d tensor (a scalar)"
         if not isinstance(out, torch.Tensor):
             raise TypeError(
-                f"log_prob must return a torch.Tensor, got {type(out).__name__}; expected {expected}"
+                f"log_prob must return a torch.Tensor, got {type(out).__name__}; "
+                f"expected {expected}"
             )
         shape_ok = out.shape == (q.shape[0],) if self.batched else out.dim() == 0
         if not shape_ok:

@@ -7,11 +7,11 @@ record (a ``NamedTuple`` of tensors).
 
 from __future__ import annotations
 
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["State", "take_rows", "put_rows", "where_rows"]
+__all__ = ["State", "put_rows", "take_rows", "where_rows"]
 
 
 class State(NamedTuple):
@@ -26,20 +26,17 @@ class State(NamedTuple):
     grad: torch.Tensor
 
 
-R = TypeVar("R", bound=tuple)
-
-
-def where_rows(mask: torch.Tensor, a: R, b: R) -> R:
+def where_rows[R: tuple](mask: torch.Tensor, a: R, b: R) -> R:
     """Row-wise select over (nested) records: chain ``c`` from ``a`` where ``mask[c]``."""
     return _where_record(_Masks(mask), a, b)
 
 
-def take_rows(record: R, rows: torch.Tensor) -> R:
+def take_rows[R: tuple](record: R, rows: torch.Tensor) -> R:
     """The chains ``rows`` (a ``(K,)`` index tensor) of every field of a (nested) record."""
     return type(record)(*(_take(x, rows) for x in record))
 
 
-def put_rows(record: R, rows: torch.Tensor, values: R) -> R:
+def put_rows[R: tuple](record: R, rows: torch.Tensor, values: R) -> R:
     """A copy of a (nested) record with chains ``rows`` replaced by ``values``."""
     return type(record)(*(_put(x, rows, v) for x, v in zip(record, values, strict=True)))
 
@@ -56,13 +53,16 @@ class _Masks(dict):
         return mask
 
 
-def _where_record(masks: _Masks, a: R, b: R) -> R:
-    return type(a)(
-        *(
-            _where_record(masks, x, y) if isinstance(x, tuple) else torch.where(masks[x.dim()], x, y)
-            for x, y in zip(a, b, strict=True)
-        )
-    )
+def _where_record[R: tuple](masks: _Masks, a: R, b: R) -> R:
+    return type(a)(*(_where(masks, x, y) for x, y in zip(a, b, strict=True)))
+
+
+def _where(masks: _Masks, x, y):
+    if x is y:  # a field both records share needs no select
+        return x
+    if isinstance(x, tuple):
+        return _where_record(masks, x, y)
+    return torch.where(masks[x.dim()], x, y)
 
 
 def _take(x, rows):

@@ -96,15 +96,33 @@ class Oracle:
                 out = self.build_tree(depth, z_fwd, H0, +1, uniforms)
                 if out is None:
                     break
-                z_fwd, z_propose, h_propose, ps_fwd_bck, ps_fwd_fwd, p_fwd_bck, p_fwd_fwd, \
-                    rho_fwd, lsw_subtree = out
+                (
+                    z_fwd,
+                    z_propose,
+                    h_propose,
+                    ps_fwd_bck,
+                    ps_fwd_fwd,
+                    p_fwd_bck,
+                    p_fwd_fwd,
+                    rho_fwd,
+                    lsw_subtree,
+                ) = out
             else:
                 rho_fwd, p_fwd_bck, ps_fwd_bck = rho, p_bck_bck, ps_bck_bck
                 out = self.build_tree(depth, z_bck, H0, -1, uniforms)
                 if out is None:
                     break
-                z_bck, z_propose, h_propose, ps_bck_fwd, ps_bck_bck, p_bck_fwd, p_bck_bck, \
-                    rho_bck, lsw_subtree = out
+                (
+                    z_bck,
+                    z_propose,
+                    h_propose,
+                    ps_bck_fwd,
+                    ps_bck_bck,
+                    p_bck_fwd,
+                    p_bck_bck,
+                    rho_bck,
+                    lsw_subtree,
+                ) = out
             depth += 1
             u = next(uniforms)  # consumed on every valid doubling
             if lsw_subtree > log_sum_weight or u < math.exp(lsw_subtree - log_sum_weight):

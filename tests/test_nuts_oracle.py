@@ -9,13 +9,13 @@ import math
 
 import pytest
 import torch
+from nuts_oracle import Oracle, Point
 
 import hmc
 from hmc.kernels.base import Params
 from hmc.metric import metric_from_inverse
 from hmc.random import Stream, chain_keys, normal, uniform_at
 from hmc.state import State
-from nuts_oracle import Oracle, Point
 
 TREE_DRAWS = 1 << 32
 
@@ -52,7 +52,10 @@ def run_fast(kernel, log_prob, q0, step_size, inverse, seed):
         if done.any():
             state, info = kernel.report(ks)
             for c in done.nonzero().flatten().tolist():
-                results[c] = (state.position[c].clone(), {k: v[c].item() for k, v in info._asdict().items()})
+                results[c] = (
+                    state.position[c].clone(),
+                    {k: v[c].item() for k, v in info._asdict().items()},
+                )
         if len(results) == chains:
             break
     return results, keys, potential
@@ -93,8 +96,11 @@ def test_iterative_kernel_matches_recursive_oracle(name, max_depth, dense):
     chains = 24
     q0 = torch.randn(chains, dim, generator=gen, dtype=torch.float64)
     # step sizes from 0.01 (long trees, max depth) to 30 (divergent)
-    step = torch.exp(torch.empty(chains, dtype=torch.float64).uniform_(
-        math.log(0.01), math.log(30.0), generator=gen))
+    step = torch.exp(
+        torch.empty(chains, dtype=torch.float64).uniform_(
+            math.log(0.01), math.log(30.0), generator=gen
+        )
+    )
     if dense:
         a = torch.randn(chains, dim, dim, generator=gen, dtype=torch.float64) * 0.3
         inverse = a @ a.mT + torch.eye(dim, dtype=torch.float64)

@@ -130,17 +130,18 @@ def find_reasonable_step_size(
         up = direction_up[rows]
         stop = torch.where(up, ~(d > threshold), ~(d < threshold))
         moving = rows[~stop]
-        eps = eps.index_copy(
-            0, moving, torch.where(up[~stop], eps[moving] * 2, eps[moving] / 2)
-        )
+        eps = eps.index_copy(0, moving, torch.where(up[~stop], eps[moving] * 2, eps[moving] / 2))
         active = torch.zeros_like(active).index_fill(0, moving, True)
         too_big, too_small = eps > 1e7, eps == 0
         if (too_big | too_small).any():
             chains = (too_big | too_small).nonzero().flatten().tolist()
             warnings.warn(
                 f"step-size search for chains {chains} "
-                + ("exceeded 1e7: the posterior may be improper" if too_big.any() else
-                   "reached 0: the density may be discontinuous")
+                + (
+                    "exceeded 1e7: the posterior may be improper"
+                    if too_big.any()
+                    else "reached 0: the density may be discontinuous"
+                )
                 + "; keeping the last usable step size",
                 RuntimeWarning,
                 stacklevel=3,

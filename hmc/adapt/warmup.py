@@ -53,9 +53,7 @@ def warmup_init(
     step_size, counter = find_reasonable_step_size(
         state, params.step_size, params.metric, potential, keys, counter
     )
-    warm = WarmupState(
-        dual_averaging_init(step_size), welford_init(state.position, dense), counter
-    )
+    warm = WarmupState(dual_averaging_init(step_size), welford_init(state.position, dense), counter)
     return warm, Params(step_size, params.metric)
 
 
@@ -91,8 +89,12 @@ def warmup_update(
             inverse = params.metric.inverse.index_copy(0, ends, welford_covariance(welford_ends))
             metric = metric_from_inverse(inverse)
             cleared = welford_init(state.position, welford.m2.dim() == 3)
-            welford = WelfordState(*(x.index_copy(0, ends, y.index_select(0, ends))
-                                     for x, y in zip(welford, cleared, strict=True)))
+            welford = WelfordState(
+                *(
+                    x.index_copy(0, ends, y.index_select(0, ends))
+                    for x, y in zip(welford, cleared, strict=True)
+                )
+            )
             new_eps, new_counter = find_reasonable_step_size(
                 take_rows(state, ends),
                 step_size.index_select(0, ends),

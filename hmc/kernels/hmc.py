@@ -84,9 +84,7 @@ class HMC:
         ):
             raise ValueError(f"num_steps must be a positive integer, got {self.num_steps!r}")
         if not self.trajectory_length > 0:
-            raise ValueError(
-                f"trajectory_length must be positive, got {self.trajectory_length!r}"
-            )
+            raise ValueError(f"trajectory_length must be positive, got {self.trajectory_length!r}")
         if not isinstance(self.max_steps, int) or self.max_steps < 1:
             raise ValueError(f"max_steps must be a positive integer, got {self.max_steps!r}")
         if not self.max_energy_error > 0:

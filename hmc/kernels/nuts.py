@@ -409,12 +409,13 @@ class NUTS:
         # the first leaf of node_l's right half R_l = node_l: leaf itself for l = 0
         p_begin_r = torch.cat((leaf.momentum.unsqueeze(1), stack.p_begin[:, :-1]), dim=1)
         v_begin_r = torch.cat((velocity.unsqueeze(1), stack.v_begin[:, :-1]), dim=1)
-        v_leaf = velocity.unsqueeze(1)
-        rho_node = rhos[:, 1:]  # rho of node_{l+1} = left_l + node_l
-        ok = (
-            _no_u_turn(stack.v_begin, v_leaf, rho_node)
-            & _no_u_turn(stack.v_begin, v_begin_r, stack.rho + p_begin_r)
-            & _no_u_turn(stack.v_end, v_leaf, rhos[:, :-1] + stack.p_end)
+        v_leaf = velocity.unsqueeze(1).expand_as(v_begin_r)
+        # Stan's three checks of a merge of left_l and node_l: across the whole merged
+        # subtree, and across each half with the first (last) point of the other.
+        ok = _no_u_turns(
+            torch.stack((stack.v_begin, stack.v_begin, stack.v_end)),
+            torch.stack((v_leaf, v_begin_r, v_leaf)),
+            torch.stack((rhos[:, 1:], stack.rho + p_begin_r, rhos[:, :-1] + stack.p_end)),
         )
         failed = closing & ~ok
         any_failed = failed.any(-1)
@@ -429,9 +430,7 @@ class NUTS:
         # the proposal of node_t: from the highest closing level where the left half won
         left_won = closing & ~right_wins
         source = torch.where(left_won, level, -1).amax(-1)  # -1: the leaf itself
-        from_stack = Proposal(
-            *(_gather_level(x, source.clamp(min=0)) for x in stack.proposal)
-        )
+        from_stack = Proposal(*(_gather_level(x, source.clamp(min=0)) for x in stack.proposal))
         proposal = where_rows(source >= 0, from_stack, leaf_proposal)
         valid = ~divergent & ~any_failed
         node_weight = _gather_level(log_weights, closes)
@@ -443,30 +442,30 @@ class NUTS:
         node_v_begin = torch.where(
             (closes > 0).unsqueeze(-1), _gather_level(stack.v_begin, below), velocity
         )
-        node = Subtree(node_weight, node_rho, node_p_begin, node_v_begin,
-                       leaf.momentum, velocity, proposal)
+        node = Subtree(
+            node_weight, node_rho, node_p_begin, node_v_begin, leaf.momentum, velocity, proposal
+        )
         complete = valid & (closes == traj.depth)
         # A completed left half waits on the stack at its level. Other chains write the
         # same slot too: for them it is above every level the current subtree reads
-        # before writing it again, or their transition is over.
-        _put_level(stack, closes, node)
+        # before writing it again, or their transition is over (idle chains' counters
+        # run on, hence the clamp).
+        _put_level(stack, closes.clamp(max=levels - 1), node)
         used = traj.uniforms_used + merges
 
         # ---- top level: a completed doubling merges into the trajectory
         top_u = _gather_level(u, merges)
-        take = (node_weight > traj.log_weight) | (
-            top_u < torch.exp(node_weight - traj.log_weight)
-        )
+        take = (node_weight > traj.log_weight) | (top_u < torch.exp(node_weight - traj.log_weight))
         sample = where_rows(complete & take, proposal, traj.sample)
         log_weight = torch.where(
             complete, torch.logaddexp(traj.log_weight, node_weight), traj.log_weight
         )
         rho_total = traj.rho + node_rho
         other_v = metric.velocity(traj.other.momentum)
-        persists = (
-            _no_u_turn(other_v, velocity, rho_total)
-            & _no_u_turn(other_v, node_v_begin, traj.rho + node_p_begin)
-            & _no_u_turn(traj.near_v, velocity, node_rho + traj.near_p)
+        persists = _no_u_turns(
+            torch.stack((other_v, other_v, traj.near_v)),
+            torch.stack((velocity, node_v_begin, velocity)),
+            torch.stack((rho_total, traj.rho + node_p_begin, node_rho + traj.near_p)),
         )
         depth = traj.depth + complete.to(traj.depth.dtype)
         finished = ~valid | (complete & (~persists | (depth >= traj.max_depth)))
@@ -506,20 +505,31 @@ def _begin_doubling(
     )
 
 
-def _no_u_turn(v_minus: torch.Tensor, v_plus: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
-    """:func:`hmc.metric.no_u_turn` over any leading axes (broadcasting)."""
-    return no_u_turn(v_minus, v_plus, rho)
+def _no_u_turns(v_minus: torch.Tensor, v_plus: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """All of several :func:`hmc.metric.no_u_turn` criteria stacked on a leading axis:
+    ``(K, C, ..., D)`` velocities and momentum sums give ``(C, ...)`` bool."""
+    return no_u_turn(v_minus, v_plus, rho).all(0)
 
 
 def _gather_level(x: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
     """``x[c, level[c]]`` for a ``(C, L, ...)`` tensor."""
-    rows = torch.arange(x.shape[0], device=x.device)
-    return x[rows, level]
+    return x[_rows(x.shape[0], x.device), level]
+
+
+_ROWS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _rows(chains: int, device: torch.device) -> torch.Tensor:
+    """``arange(chains)`` on ``device``, made once."""
+    rows = _ROWS.get((chains, device))
+    if rows is None:
+        rows = _ROWS[(chains, device)] = torch.arange(chains, device=device)
+    return rows
 
 
 def _put_level(stack: Subtree, level: torch.Tensor, node: Subtree) -> None:
     """Write ``node`` into slot ``level[c]`` of every chain's stack, in place."""
-    rows = torch.arange(level.shape[0], device=level.device)
+    rows = _rows(level.shape[0], level.device)
     for slot, value in zip(_fields(stack), _fields(node), strict=True):
         slot.index_put_((rows, level), value)
 

@@ -1,0 +1,170 @@
+"""NUTS: tree invariants, Stan's missed-U-turn regression, statistics against exact
+moments (MCSE-based tolerances), divergences on funnels, and per-chain reproducibility."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_moments, diagonal_gaussian_log_prob, gaussian_log_prob
+
+import hmc
+
+
+def stats(dt, name):
+    return dt["sample_stats"][name].values
+
+
+def run(log_prob, dim, **kw):
+    options = dict(dim=dim, chains=4, seed=1, progress=False, batched=True)
+    options.update(kw)
+    return hmc.sample(log_prob, **options)
+
+
+def standard_normal(q):
+    return -0.5 * (q**2).sum(-1)
+
+
+# ---------------------------------------------------------------------- tree invariants
+def test_tree_invariants_and_depth_cap():
+    """Stan counts only completed valid doublings in tree_depth, so a transition that ends
+    on a turning or divergent subtree took between 2**depth - 1 and 2**(depth+1) - 1
+    leapfrog steps; at the cap it took exactly 2**depth - 1."""
+    dt = run(
+        standard_normal, 5, kernel=hmc.NUTS(max_tree_depth=3), warmup=0, step_size=0.05, draws=100
+    )
+    depth, steps = stats(dt, "tree_depth"), stats(dt, "n_steps")
+    assert depth.max() <= 3
+    assert (steps >= 2**depth - 1).all() and (steps <= 2 ** (depth + 1) - 1).all()
+    capped = stats(dt, "reached_max_treedepth")
+    assert capped.all()  # 7 steps of 0.05 are far from a U-turn
+    assert (steps[capped] == 2**3 - 1).all()
+    assert (stats(dt, "acceptance_rate") <= 1).all()
+
+
+def test_huge_step_size_diverges_at_once():
+    dt = run(standard_normal, 3, warmup=0, step_size=100.0, draws=20)
+    assert stats(dt, "diverging").all()
+    assert (stats(dt, "n_steps") == 1).all() and (stats(dt, "tree_depth") == 0).all()
+    assert np.isfinite(dt["posterior"]["x"].values).all()
+
+
+def test_small_step_size_builds_long_trees():
+    """Half an orbit of a unit normal is about pi / 0.01 ~ 300 steps of 0.01 (a start near
+    a turning point of the orbit, where the momentum is small, can end sooner)."""
+    dt = run(standard_normal, 5, warmup=0, step_size=0.01, draws=10)
+    steps = stats(dt, "n_steps")
+    assert (steps > 10).mean() > 0.9 and np.median(steps) > 100
+    assert not stats(dt, "diverging").any()
+
+
+@pytest.mark.parametrize("step_size", [0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2])
+def test_no_missed_u_turns_on_iid_normal(step_size):
+    """Stan's regression (stan#2799): on a 100-D iid normal the momentum-sum criterion
+    with the extra checks never lets a tree run to the cap, and the trajectory stops after
+    about half an orbit: 2**depth ~ pi / eps steps (at eps = 0.05 every tree has depth 6,
+    63 steps). Without the extra checks, trees at eps 0.3..1.5 run to depth 6-10 (see
+    test_nuts_oracle.py)."""
+    dt = run(standard_normal, 100, warmup=0, step_size=step_size, draws=25, seed=3)
+    assert not stats(dt, "reached_max_treedepth").any()
+    expected = math.log2(math.pi / step_size)
+    assert abs(stats(dt, "tree_depth").mean() - expected) < 1.25
+
+
+# ---------------------------------------------------------------------- statistics
+def test_correlated_gaussian_2d():
+    precision = torch.tensor([[10.25, -9.74], [-9.74, 10.25]], dtype=torch.float64)
+    cov = torch.linalg.inv(precision).numpy()
+    dt = run(gaussian_log_prob(np.zeros(2), cov), 2, warmup=500, draws=1000)
+    assert_moments(dt["posterior"]["x"].values, np.zeros(2), cov)
+    assert not stats(dt, "diverging").any()
+
+
+def test_ill_conditioned_diagonal_gaussian_100d():
+    sd = np.logspace(-2, 0, 100)
+    # early warmup (unit metric, step ~ 0.01) would build 1023-step trees: cap it at 2**7
+    kernel = hmc.NUTS(max_tree_depth=(7, 10))
+    dt = run(
+        diagonal_gaussian_log_prob(np.zeros(100), sd), 100, warmup=500, draws=500, kernel=kernel
+    )
+    assert_moments(dt["posterior"]["x"].values, np.zeros(100), sd**2, correlations=False)
+    inverse = dt["adaptation"]["inverse_metric"].values
+    ratio = inverse / sd**2
+    assert (ratio > 0.5).all() and (ratio < 2).all()
+
+
+def test_student_t_10d():
+    nu = 5.0
+
+    def log_prob(q):
+        return (-(nu + 1) / 2 * torch.log1p(q**2 / nu)).sum(-1)
+
+    dt = run(log_prob, 10, warmup=500, draws=1000)
+    assert_moments(
+        dt["posterior"]["x"].values, np.zeros(10), np.full(10, nu / (nu - 2)), correlations=False
+    )
+
+
+def funnel_centred(q):
+    v, x = q[:, 0], q[:, 1:]
+    return -(v**2) / 18 - 0.5 * (x**2).sum(-1) * torch.exp(-v) - 0.5 * x.shape[-1] * v
+
+
+def funnel_non_centred(q):
+    return -(q[:, 0] ** 2) / 18 - 0.5 * (q[:, 1:] ** 2).sum(-1)
+
+
+def test_centred_funnel_reports_divergences():
+    dt = run(
+        funnel_centred, 10, chains=2, warmup=150, draws=200, kernel=hmc.NUTS(max_tree_depth=(6, 8))
+    )
+    assert stats(dt, "diverging").sum() > 0
+    assert dt.attrs["n_gradient_evaluations"] > 0
+    assert np.isfinite(dt["posterior"]["x"].values).all()
+
+
+def test_non_centred_funnel_samples_cleanly():
+    dt = run(funnel_non_centred, 10, warmup=300, draws=500)
+    assert stats(dt, "diverging").mean() < 0.005
+    v = dt["posterior"]["x"].values[..., :1]
+    assert_moments(v, [0.0], [9.0])
+
+
+# ---------------------------------------------------------------------- reproducibility
+def test_same_seed_same_draws_and_different_seeds_differ():
+    a = run(standard_normal, 3, warmup=100, draws=50, seed=5)
+    b = run(standard_normal, 3, warmup=100, draws=50, seed=5)
+    c = run(standard_normal, 3, warmup=100, draws=50, seed=6)
+    for group in ("posterior", "sample_stats"):
+        for name in a[group].data_vars:
+            assert np.array_equal(a[group][name].values, b[group][name].values), name
+    assert not np.array_equal(a["posterior"]["x"].values, c["posterior"]["x"].values)
+
+
+def test_chain_draws_do_not_depend_on_other_chains():
+    """On an elementwise target, chain c's draws are identical whether the run has 1 chain
+    or 8 (the random streams are per chain and the chains are asynchronous)."""
+    target = diagonal_gaussian_log_prob(np.zeros(4), np.array([0.5, 1.0, 2.0, 4.0]))
+    one = run(target, 4, chains=1, warmup=150, draws=60, seed=11)
+    eight = run(target, 4, chains=8, warmup=150, draws=60, seed=11)
+    assert np.array_equal(one["posterior"]["x"].values[0], eight["posterior"]["x"].values[0])
+    assert np.array_equal(
+        one["sample_stats"]["n_steps"].values[0], eight["sample_stats"]["n_steps"].values[0]
+    )
+
+
+def test_warmup_depth_cap_pair_and_utilization():
+    dt = run(
+        standard_normal,
+        5,
+        kernel=hmc.NUTS(max_tree_depth=(2, 10)),
+        warmup=50,
+        draws=50,
+        save_warmup=True,
+        chains=6,
+    )
+    assert dt["warmup_sample_stats"]["tree_depth"].values.max() <= 2
+    assert stats(dt, "tree_depth").max() > 2 or stats(dt, "n_steps").max() > 3
+    assert dt.attrs["chain_utilization"] > 0.9
