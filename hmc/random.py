@@ -23,7 +23,6 @@ __all__ = ["Stream", "chain_keys", "normal", "uniform", "uniform_at"]
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _MIX2 = -7723592293110705685  # 0x94D049BB133111EB
-_LOW53 = (1 << 53) - 1
 
 
 class Stream(IntEnum):
@@ -60,13 +59,18 @@ def chain_keys(seed: int, chains: torch.Tensor) -> torch.Tensor:
     return _mix(seed_key.to(chains.device) ^ _mix(chains.to(torch.int64) * _GOLDEN + 1))
 
 
+def _stream_key(keys: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """Chain keys ``(C,)`` mixed with the stream, so that streams never overlap."""
+    return _mix(keys ^ _wrap(int(stream) * _GOLDEN))
+
+
 def _bits(keys: torch.Tensor, stream: Stream, counter: torch.Tensor, n: int) -> torch.Tensor:
     """``(C, ..., n)`` raw 64-bit values for chain keys ``(C,)`` and counters ``(C, ...)``.
 
     Value ``j`` of draw ``counter`` is ``mix(key_s + (counter * n_max + j) * golden)`` with
     ``key_s`` the chain key mixed with the stream, i.e. SplitMix64's output sequence.
     """
-    key = _mix(keys ^ _wrap(int(stream) * _GOLDEN))
+    key = _stream_key(keys, stream)
     shape = (-1,) + (1,) * (counter.dim() - 1)
     index = counter.unsqueeze(-1) * (1 << 20) + torch.arange(n, device=counter.device)
     return _mix(key.view(shape).unsqueeze(-1) + index * _GOLDEN)
@@ -91,10 +95,10 @@ def uniform(
 
     Returns
     -------
-    ``counter.shape + (n,)`` tensor of 53-bit uniforms in (0, 1).
+    ``counter.shape + (n,)`` tensor of uniforms in the open interval (0, 1), with 52
+    random bits in float64 (23 in float32).
     """
-    bits = _shift_right(_bits(keys, stream, counter, n), 11) & _LOW53
-    return ((bits.to(torch.float64) + 0.5) * 2.0**-53).to(dtype)
+    return _to_unit_interval(_bits(keys, stream, counter, n), dtype)
 
 
 def normal(
@@ -104,7 +108,7 @@ def normal(
     n: int,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """Standard normal numbers (Box-Muller over pairs of 53-bit uniforms).
+    """Standard normal numbers (Box-Muller over pairs of 52-bit uniforms).
 
     Same arguments as :func:`uniform`; returns ``counter.shape + (n,)``.
     """
@@ -121,7 +125,17 @@ def uniform_at(
 ) -> torch.Tensor:
     """One uniform in (0, 1) per entry of ``index`` ``(C, ...)`` (any int64 values),
     for chain keys ``(C,)``: value number ``index`` of the chain's stream."""
-    key = _mix(keys ^ _wrap(int(stream) * _GOLDEN))
-    key = key.view((-1,) + (1,) * (index.dim() - 1))
-    bits = _shift_right(_mix(key + index * _GOLDEN), 11) & _LOW53
-    return ((bits.to(torch.float64) + 0.5) * 2.0**-53).to(dtype)
+    key = _stream_key(keys, stream).view((-1,) + (1,) * (index.dim() - 1))
+    return _to_unit_interval(_mix(key + index * _GOLDEN), dtype)
+
+
+def _to_unit_interval(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Uniforms strictly inside (0, 1) from random 64-bit integers.
+
+    The top ``m`` bits, with ``m`` one less than the precision of ``dtype`` (52 for
+    float64, 23 for float32), give ``(k + 1/2) / 2**m``: exactly representable in
+    ``dtype``, so nothing rounds to 0 or 1.
+    """
+    mantissa = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
+    top = _shift_right(bits, 64 - mantissa)
+    return ((top.to(torch.float64) + 0.5) * 2.0**-mantissa).to(dtype)

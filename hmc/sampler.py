@@ -144,9 +144,10 @@ def sample(
     dim = state.position.shape[1]
     _check_dense_memory(metric, chains, dim, dtype, device)
 
+    unit = torch.ones(chains, dim, dtype=dtype, device=device)
     params = Params(
         torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
-        metric_from_inverse(torch.ones(chains, dim, dtype=dtype, device=device)),
+        metric_from_inverse(torch.diag_embed(unit) if metric == "dense" else unit),
     )
     recorder = _Recorder(chains, warmup, draws, dim, save_warmup, settings.kernel, state)
     tuning_started = time.perf_counter()
@@ -183,7 +184,7 @@ def sample(
         "kernel_settings": str(settings.kernel),
         "metric": metric,
         "chain_utilization": timing["utilization"],
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),
         "device": str(device),
     }
     if potential.cache is not None:
@@ -368,7 +369,7 @@ def _validate(**kw: Any) -> _Settings:
         if kernel.lower() not in KERNELS:
             raise ValueError(f"kernel must be one of {sorted(KERNELS)} or a kernel, got {kernel!r}")
         kernel = KERNELS[kernel.lower()]()
-    elif not (hasattr(kernel, "advance") and hasattr(kernel, "init")):
+    elif isinstance(kernel, type) or not (hasattr(kernel, "advance") and hasattr(kernel, "init")):
         raise TypeError(
             f"kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS), got {kernel!r}"
         )

@@ -57,6 +57,8 @@ def _netcdf_value(value: Any) -> Any:
         return int(value)
     if value is None or isinstance(value, dict):
         return json.dumps(value)
+    if isinstance(value, str):
+        return str(value)  # str subclasses (torch's version string) trip h5py
     if isinstance(value, np.ndarray):
         return value.ravel().tolist() if value.ndim else value.item()
     return value
