@@ -164,7 +164,7 @@ class HMC:
             proposal, p = _integrate_ragged(proposal, p, step_size, params, potential, steps)
 
         energy = proposal.potential + metric.kinetic_energy(p)
-        error = torch.nan_to_num(energy - start_energy, nan=torch.inf)
+        error = torch.nan_to_num(energy - start_energy, nan=torch.inf, posinf=torch.inf)
         diverging = ~(error <= self.max_energy_error)
         accept_prob = torch.exp(torch.clamp(-error, max=0.0))
         u = uniform(keys, Stream.ACCEPT, counter, 1, dtype)[:, 0]

@@ -386,7 +386,7 @@ class NUTS:
         levels = stack.log_weight.shape[1]
         h0 = traj.start_energy
         energy = leaf.potential + metric.kinetic_energy(leaf.momentum)
-        energy = torch.nan_to_num(energy, nan=torch.inf)
+        energy = torch.nan_to_num(energy, nan=torch.inf, posinf=torch.inf)
         error = energy - h0
         divergent = error > self.max_energy_error
         log_w = -error  # H0 - H, -inf when H is infinite
@@ -480,7 +480,9 @@ class NUTS:
             n_steps=traj.n_steps + 1,
             sum_accept=traj.sum_accept + accept,
             diverging=traj.diverging | divergent,
-            max_error=torch.maximum(traj.max_error, torch.nan_to_num(error.abs(), nan=torch.inf)),
+            max_error=torch.maximum(
+                traj.max_error, torch.nan_to_num(error.abs(), nan=torch.inf, posinf=torch.inf)
+            ),
             uniforms_used=used,
         ), finished
 

@@ -1,0 +1,198 @@
+"""The command line (``python -m hmc``) and the demo model."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import mcse_z_scores, z_bound
+
+import hmc
+from hmc.__main__ import build_parser, main
+from hmc.demo import EIGHT_SCHOOLS_SIGMA, EIGHT_SCHOOLS_Y, MODELS, get_model, run_demo
+
+OUTPUTS = ("trace.png", "rank.png", "energy.png", "run.nc")
+
+
+def run_cli(*args, cwd=None):
+    env = dict(os.environ, CI="1", MPLBACKEND="Agg")
+    return subprocess.run(
+        [sys.executable, "-m", "hmc", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def check_outputs(out):
+    import arviz as az
+
+    for name in OUTPUTS:
+        path = out / name
+        assert path.is_file(), name
+        assert path.stat().st_size > 1000, name
+    dt = az.from_netcdf(out / "run.nc")
+    assert {"posterior", "sample_stats"} <= set(dt.children)
+    assert {"mu", "tau", "theta"} <= set(dt["posterior"].data_vars)
+    assert dt["posterior"]["theta"].dims == ("chain", "draw", "school")
+    assert dt.attrs["inference_library"] == "hmc"
+    assert dt.attrs["model"] == "eight_schools"
+    return dt
+
+
+# ---------------------------------------------------------------------- help
+def test_help_explains_every_command_and_option(capsys):
+    top = run_cli("--help")
+    assert top.returncode == 0, top.stderr
+    assert "demo" in top.stdout
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--help"])
+    assert info.value.code == 0
+    demo = capsys.readouterr().out
+    for option in ("--out", "--chains", "--draws", "--warmup", "--seed", "--kernel"):
+        assert option in demo, option
+    assert "nuts" in demo and "hmc" in demo
+    for name in OUTPUTS:
+        assert name in demo, name
+    # every command and every option has a help text
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {choice.dest: choice.help for choice in commands._choices_actions}
+    assert set(helps) == set(commands.choices) and all(helps.values()), helps
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            assert action.help, (name, action.dest)
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) != 0
+    assert "demo" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo", "--chains", "0"],
+        ["demo", "--draws", "-5"],
+        ["demo", "--warmup", "ten"],
+        ["demo", "--seed", "-1"],
+        ["demo", "--kernel", "metropolis"],
+        ["sample-everything"],
+    ],
+)
+def test_bad_arguments_exit_with_usage(args, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    assert "usage" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- the demo runs
+def test_demo_command_writes_its_four_files(tmp_path):
+    """``python -m hmc demo`` with the default kernel, small settings."""
+    out = tmp_path / "demo out"
+    result = run_cli(
+        "demo", "--out", str(out), "--chains", "2", "--draws", "100", "--warmup", "100",
+        "--seed", "3",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mu" in result.stdout and "tau" in result.stdout and "ess_bulk" in result.stdout
+    dt = check_outputs(out)
+    assert dt["posterior"].sizes["chain"] == 2 and dt["posterior"].sizes["draw"] == 100
+
+
+def test_demo_in_process_with_static_hmc(tmp_path, capsys):
+    assert main(
+        ["demo", "--out", str(tmp_path), "--chains", "2", "--draws", "60", "--warmup", "60",
+         "--kernel", "hmc", "--seed", "1"]
+    ) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "theta[Choate]" in printed
+    dt = check_outputs(tmp_path)
+    assert dt.attrs["kernel"] == "HMC"
+    # the same seed gives the same run
+    again = run_demo(tmp_path / "again", chains=2, draws=60, warmup=60, kernel="hmc", seed=1,
+                     echo=lambda _: None)  # fmt: skip
+    assert np.array_equal(again["posterior"]["mu"].values, dt["posterior"]["mu"].values)
+
+
+# ---------------------------------------------------------------------- the model
+def reference_log_prob(q: torch.Tensor) -> torch.Tensor:
+    """Eight schools, non-centred, written with torch.distributions (one position)."""
+    D = torch.distributions
+    y = torch.tensor(EIGHT_SCHOOLS_Y, dtype=q.dtype)
+    sigma = torch.tensor(EIGHT_SCHOOLS_SIGMA, dtype=q.dtype)
+    zero, one, five = (torch.tensor(v, dtype=q.dtype) for v in (0.0, 1.0, 5.0))
+    mu, log_tau, theta_trans = q[0], q[1], q[2:]
+    tau = torch.exp(log_tau)
+    return (
+        D.Normal(zero, five).log_prob(mu)
+        + D.HalfCauchy(five).log_prob(tau)
+        + log_tau  # |d tau / d log_tau|
+        + D.Normal(zero, one).log_prob(theta_trans).sum()
+        + D.Normal(mu + tau * theta_trans, sigma).log_prob(y).sum()
+    )
+
+
+def test_eight_schools_log_density_matches_torch_distributions():
+    model = get_model("eight_schools")
+    assert model.dim == 10 and model is not get_model()
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 10, generator=gen, dtype=torch.float64) * 2
+    batch = model.log_prob(q)
+    assert batch.shape == (6,)
+    for row, value in zip(q, batch, strict=True):
+        expected = reference_log_prob(row)
+        torch.testing.assert_close(model.log_prob(row), expected, rtol=1e-13, atol=1e-12)
+        torch.testing.assert_close(value, expected, rtol=1e-13, atol=1e-12)
+    # gradients too
+    U, grad = hmc.Potential(model.log_prob, batched=True).value_and_grad(q)
+    U_ref, grad_ref = hmc.Potential(reference_log_prob).value_and_grad(q)
+    torch.testing.assert_close(U, U_ref, rtol=1e-13, atol=1e-12)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-12, atol=1e-12)
+    # the constrained view
+    draws = q.numpy().reshape(2, 3, 10)
+    named = model.constrain(draws)
+    np.testing.assert_allclose(named["tau"], np.exp(draws[..., 1]))
+    np.testing.assert_allclose(
+        named["theta"], draws[..., :1] + np.exp(draws[..., 1:2]) * draws[..., 2:]
+    )
+
+
+def test_unknown_model():
+    assert "eight_schools" in MODELS
+    with pytest.raises(ValueError, match="eight_schools"):
+        get_model("nine_schools")
+
+
+# posteriordb reference (eight_schools-eight_schools_noncentered, 10 x 1000 Stan draws)
+REFERENCE = {"mu": (4.4105, 3.3091), "tau": (3.6021, 3.1983), "theta[1]": (6.1505, 5.6156)}
+
+
+def test_demo_model_matches_the_posteriordb_reference():
+    model = get_model()
+    dt = hmc.sample(
+        model.log_prob, dim=10, chains=4, warmup=300, draws=500, kernel=hmc.HMC(), seed=5,
+        batched=True, progress=False,
+    )  # fmt: skip
+    named = model.constrain(dt["posterior"]["x"].values)
+    values = np.stack(
+        [named["mu"], named["tau"], named["theta"][..., 0]], axis=-1
+    )  # (chain, draw, 3)
+    truth = np.array([mean for mean, _ in REFERENCE.values()])
+    z, estimate, _ess = mcse_z_scores(values, truth)
+    # the reference means have their own error (sd / sqrt(10000)); add it in quadrature
+    sd = np.array([s for _, s in REFERENCE.values()])
+    mcse = np.abs(estimate - truth) / np.abs(z)
+    z_total = (estimate - truth) / np.sqrt(mcse**2 + sd**2 / 10_000)
+    assert (np.abs(z_total) < z_bound(3)).all(), (estimate, z_total)
+    np.testing.assert_allclose(values.std(axis=(0, 1)), sd, rtol=0.15)
+    assert math.isfinite(dt.attrs["sampling_time"])

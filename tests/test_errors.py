@@ -1,0 +1,224 @@
+"""Every bad argument is a ValueError or TypeError that names it, raised before sampling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import hmc
+
+
+class Counting:
+    """A standard normal log density that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, q: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return -0.5 * (q**2).sum(-1)
+
+
+def run(log_prob=None, **kwargs):
+    options = dict(dim=2, chains=2, warmup=10, draws=10, kernel="hmc", seed=0, progress=False)
+    options.update(kwargs)
+    return hmc.sample(log_prob if log_prob is not None else Counting(), **options)
+
+
+# ---------------------------------------------------------------------- plain arguments
+BAD_ARGUMENTS = [
+    ("chains", 0),
+    ("chains", -1),
+    ("chains", 2.5),
+    ("chains", True),
+    ("chains", "4"),
+    ("chains", None),
+    ("draws", 0),
+    ("draws", -1),
+    ("draws", 2.5),
+    ("draws", True),
+    ("warmup", -1),
+    ("warmup", 2.5),
+    ("warmup", True),
+    ("warmup", np.float64(10.0)),
+    ("kernel", "metropolis"),
+    ("kernel", "NUTS!"),
+    ("metric", "full"),
+    ("metric", "diagonal"),
+    ("metric", None),
+    ("step_size", 0.0),
+    ("step_size", -0.1),
+    ("step_size", math.inf),
+    ("step_size", math.nan),
+    ("step_size", "0.1"),
+    ("step_size", True),
+    ("target_accept", 0.0),
+    ("target_accept", 1.0),
+    ("target_accept", 1.5),
+    ("target_accept", -0.2),
+    ("target_accept", "0.8"),
+    ("target_accept", math.nan),
+    ("seed", -1),
+    ("seed", 2.5),
+    ("seed", "1"),
+    ("seed", True),
+    ("dim", 0),
+    ("dim", -3),
+    ("dim", 2.5),
+    ("dtype", torch.int64),
+    ("dtype", "float64"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_ARGUMENTS)
+def test_bad_argument_is_named_before_any_work(name, value):
+    log_prob = Counting()
+    with pytest.raises((ValueError, TypeError), match=name) as info:
+        run(log_prob, **{name: value})
+    assert info.type in (ValueError, TypeError)
+    assert log_prob.calls == 0, "the error came after log_prob was evaluated"
+
+
+def test_good_integer_types_are_accepted():
+    dt = run(
+        chains=np.int64(2), draws=np.int32(5), warmup=np.int64(0), seed=np.uint8(3), step_size=1
+    )
+    assert dt["posterior"]["x"].shape == (2, 5, 2)
+
+
+@pytest.mark.parametrize("kernel", [object(), 42, "hmc ", None])
+def test_kernel_that_is_not_a_kernel(kernel):
+    log_prob = Counting()
+    with pytest.raises((TypeError, ValueError), match="kernel"):
+        run(log_prob, kernel=kernel)
+    assert log_prob.calls == 0
+
+
+def test_kernel_class_instead_of_instance():
+    log_prob = Counting()
+    with pytest.raises(TypeError, match="kernel"):
+        run(log_prob, kernel=hmc.HMC)
+
+
+def test_save_warmup_and_log_prob_types():
+    with pytest.raises(TypeError, match="save_warmup"):
+        run(save_warmup="yes")
+    with pytest.raises(TypeError, match="log_prob"):
+        hmc.sample(3.0, dim=2, progress=False)
+
+
+def test_no_dim_and_no_init():
+    log_prob = Counting()
+    with pytest.raises(ValueError, match="dim"):
+        hmc.sample(log_prob, chains=2, warmup=5, draws=5, progress=False)
+    assert log_prob.calls == 0
+
+
+# ---------------------------------------------------------------------- log_prob output
+def wrong_shape(q):
+    return -0.5 * q**2  # (D,) instead of a scalar
+
+
+def not_a_tensor(q):
+    return -0.5 * (q**2).sum().item()
+
+
+def constant(q):
+    return torch.tensor(1.0, dtype=q.dtype)
+
+
+def uses_item(q):
+    return torch.tensor(-0.5 * (q**2).sum().item(), dtype=q.dtype)
+
+
+def detached(q):
+    return (-0.5 * (q**2).sum()).detach()
+
+
+def integer_valued(q):
+    return torch.tensor(1)
+
+
+@pytest.mark.parametrize(
+    ("log_prob", "error", "match"),
+    [
+        (wrong_shape, ValueError, "shape"),
+        (not_a_tensor, TypeError, "Tensor"),
+        (constant, ValueError, "gradient"),
+        (uses_item, ValueError, "gradient"),
+        (detached, ValueError, "gradient"),
+        (integer_valued, (TypeError, ValueError), "log_prob"),
+    ],
+)
+def test_bad_log_prob_output(log_prob, error, match):
+    calls = []
+
+    def wrapped(q):
+        calls.append(q.shape)
+        return log_prob(q)
+
+    with pytest.raises(error, match=match) as info:
+        run(wrapped)
+    assert "log_prob" in str(info.value)
+    assert len(calls) <= 2  # found on the first evaluation, not mid-run
+
+
+def test_batched_log_prob_with_wrong_shape():
+    with pytest.raises(ValueError, match="shape"):
+        run(lambda q: -0.5 * (q**2).sum(), batched=True)  # a scalar instead of (C,)
+    with pytest.raises(ValueError, match="shape"):
+        run(lambda q: -0.5 * (q**2).sum(-1, keepdim=True), batched=True)  # (C, 1)
+
+
+def test_unbatched_log_prob_returning_a_batch_hints_at_batched():
+    with pytest.raises(ValueError, match="batched=True"):
+        run(lambda q: -0.5 * (q**2).sum(-1, keepdim=True))  # (1,) for one position
+
+
+# ---------------------------------------------------------------------- init
+@pytest.mark.parametrize(
+    ("init", "match"),
+    [
+        (torch.zeros(3, dtype=torch.float64), "dim"),  # dim=2
+        (torch.zeros(3, 2, dtype=torch.float64), "init"),  # chains=2
+        (torch.zeros(2, 2, 2, dtype=torch.float64), "init"),
+        (torch.tensor([0.0, math.nan], dtype=torch.float64), "init"),
+        (torch.tensor([[0.0, 0.0], [math.inf, 0.0]], dtype=torch.float64), "init"),
+        ("zeros", "init"),
+    ],
+)
+def test_bad_init(init, match):
+    log_prob = Counting()
+    with pytest.raises((ValueError, TypeError), match=match):
+        run(log_prob, init=init)
+    assert log_prob.calls == 0
+
+
+def test_init_at_zero_density_names_the_chain():
+    def log_prob(q):
+        return torch.where(q[..., 0] > 1.0, -torch.inf, -0.5 * (q**2).sum(-1))
+
+    init = torch.tensor([[0.0, 0.0], [2.0, 0.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"init.*\[1\]"):
+        run(log_prob, init=init)
+
+
+def test_no_finite_starting_point():
+    with pytest.raises(ValueError, match="finite starting point"):
+        run(lambda q: -torch.inf * (q**2).sum(-1) - torch.inf, batched=True)
+
+
+# ---------------------------------------------------------------------- dense metric memory
+def test_dense_metric_too_large_fails_before_sampling():
+    log_prob = Counting()
+    with pytest.raises(ValueError, match="dense") as info:
+        hmc.sample(
+            log_prob, dim=200_000, chains=4, metric="dense", kernel="hmc", seed=0,
+            batched=True, progress=False,
+        )  # fmt: skip
+    message = str(info.value)
+    assert "GiB" in message and "diag" in message
+    assert log_prob.calls <= 2  # at most the start was evaluated; no sampling
