@@ -2,13 +2,18 @@
 
 ``hmc.sample`` runs static HMC or Stan's NUTS with Stan's warmup on many chains at once and
 returns an ArviZ ``DataTree``. The pieces it is built from (the energy module, the memo
-cache, states, metrics, the leapfrog integrator, kernels, adaptation) are public too.
+cache, states, metrics, the leapfrog integrator, kernels, adaptation) are public too, with
+named constrained models (``Model``, ``Param``), built-in posteriordb models (``models``)
+and gradient reuse through a shared inner function (``shared_inner_grads``).
 """
 
+from hmc import models
+from hmc.autodiff import shared_inner_grads, tempered_value_and_grad
 from hmc.integrators import leapfrog
 from hmc.kernels import HMC, NUTS, Params
 from hmc.memo import MemoCache
 from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
+from hmc.model import Model, Param
 from hmc.potential import Potential
 from hmc.sampler import sample
 from hmc.state import State
@@ -21,11 +26,16 @@ __all__ = [
     "DenseMetric",
     "DiagonalMetric",
     "MemoCache",
+    "Model",
+    "Param",
     "Params",
     "Potential",
     "State",
     "__version__",
     "leapfrog",
     "metric_from_inverse",
+    "models",
     "sample",
+    "shared_inner_grads",
+    "tempered_value_and_grad",
 ]
