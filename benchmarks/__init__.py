@@ -1,0 +1,1 @@
+"""Benchmarks and validation runs (``python -m benchmarks.<name>``); not part of the package."""

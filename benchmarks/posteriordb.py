@@ -1,0 +1,248 @@
+"""Validate ``hmc.sample`` on the 14 built-in posteriordb posteriors.
+
+Samples every built-in posterior (:mod:`hmc.models`) with the sampler's default settings
+and compares each parameter posteriordb reports with its reference draws
+(:mod:`hmc.models.validation`): the z-score of the mean difference with both MCSEs, the
+relative error of the sd, z-scores of the 5 % / 95 % quantiles, bulk and tail ESS, R-hat,
+divergences.
+
+Pass: every ``|z|`` of the means below the Bonferroni bound ``Phi^-1(1 - 0.01 / (2 m))``
+for the posterior's ``m`` reported parameters, and every sd within 10 % of the reference.
+The centred eight schools is expected to fail (a funnel); its divergences are reported.
+
+Usage::
+
+    python -m benchmarks.posteriordb                      # all 14, 4 chains, 1000 + 1000
+    python -m benchmarks.posteriordb --only sblrc-blr arK --draws 500
+    python -m benchmarks.posteriordb --report-only        # rewrite the table from results
+
+Each finished posterior is appended to ``--results`` (JSON lines) at once, and the Markdown
+table (``--markdown``) is rewritten from all results in that file (the latest line per
+posterior), so runs split over several processes add up to one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import hmc
+import hmc.models
+from hmc.models.validation import ParameterCheck, compare, z_bound
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_REFERENCE = HERE.parents[1] / "shared" / "posteriordb"
+ALPHA = 0.01
+SD_TOLERANCE = 0.10
+EXPECTED_FAILURES = {
+    "eight_schools-eight_schools_centered": "expected to fail: the funnel (see divergences)",
+}
+
+
+def resolve(names: list[str]) -> list[str]:
+    """Posterior names from full names or model names (``blr`` -> ``sblrc-blr``)."""
+    known = hmc.models.names()
+    out = []
+    for name in names:
+        matches = [k for k in known if name in (k, k.split("-", 1)[1])]
+        if len(matches) != 1:
+            raise SystemExit(f"unknown posterior {name!r}; choose from {known}")
+        out.extend(matches)
+    return out
+
+
+def reference_values(directory: Path, name: str) -> dict[str, np.ndarray] | None:
+    """posteriordb's reference draws ``name -> (10, 1000)``, if ``draws.npz`` is there."""
+    path = directory / name / "draws.npz"
+    if not path.is_file():
+        return None
+    with np.load(path) as archive:
+        return {key: archive[key] for key in archive.files}
+
+
+def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Sample one posterior and compare it with the reference; a JSON-able record."""
+    model = hmc.models.load(name)
+    options: dict[str, Any] = dict(
+        chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed, progress=False
+    )
+    if args.kernel:
+        options["kernel"] = args.kernel
+    if args.metric:
+        options["metric"] = args.metric
+    wall, cpu = time.perf_counter(), time.process_time()
+    dt = hmc.sample(model, **options)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    checks = compare(name, dt, reference_values(Path(args.reference_dir), name))
+    stats = dt["sample_stats"]
+    treedepth = stats.get("reached_max_treedepth")
+    return {
+        "posterior": name,
+        "settings": {k: str(v) for k, v in options.items()},
+        "kernel": dt.attrs.get("kernel"),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "gradient_evaluations": int(dt.attrs["n_gradient_evaluations"]),
+        "divergences": int(stats["diverging"].values.sum()),
+        "max_treedepth_hits": None if treedepth is None else int(treedepth.values.sum()),
+        "mean_steps": float(stats["n_steps"].values.mean()),
+        "checks": [asdict(c) for c in checks],
+        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def verdict(record: dict[str, Any]) -> tuple[bool, float, str]:
+    """(passed, z bound, note) of one posterior's record."""
+    checks = [ParameterCheck(**c) for c in record["checks"]]
+    bound = z_bound(len(checks), ALPHA)
+    bad_mean = [c.name for c in checks if not abs(c.mean_z) < bound]
+    bad_sd = [c.name for c in checks if not abs(c.sd_rel_error) < SD_TOLERANCE]
+    passed = not bad_mean and not bad_sd
+    notes = []
+    if bad_mean:
+        notes.append(f"mean |z| > {bound:.2f}: {', '.join(bad_mean[:4])}")
+    if bad_sd:
+        notes.append(f"sd off > 10 %: {', '.join(bad_sd[:4])}")
+    if record["posterior"] in EXPECTED_FAILURES:
+        notes.append(EXPECTED_FAILURES[record["posterior"]])
+    if record.get("max_treedepth_hits"):
+        notes.append(f"max tree depth hit {record['max_treedepth_hits']} times")
+    return passed, bound, "; ".join(notes)
+
+
+def machine() -> str:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        model = next(
+            (ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if "Model name" in ln),
+            platform.processor() or "unknown CPU",
+        )
+    except OSError:
+        model = platform.processor() or "unknown CPU"
+    return (
+        f"{model}, {os.cpu_count()} cores, torch {torch.__version__} on "
+        f"{torch.get_num_threads()} thread(s), Python {platform.python_version()}"
+    )
+
+
+def settings(records: dict[str, dict[str, Any]]) -> str:
+    """The sampler settings of the runs, in words (each distinct set once)."""
+    distinct = []
+    for record in records.values():
+        s = dict(record["settings"], kernel=record.get("kernel") or "default")
+        text = (
+            f"{s['chains']} chains, {s['warmup']} warmup + {s['draws']} draws, seed {s['seed']}, "
+            f"kernel {s['kernel']}, metric {s.get('metric', 'diag (default)')}"
+        )
+        if text not in distinct:
+            distinct.append(text)
+    return "; ".join(distinct) or "none"
+
+
+def markdown(records: dict[str, dict[str, Any]]) -> str:
+    """The results table, one row per posterior."""
+    lines = [
+        "# posteriordb validation",
+        "",
+        "Generated by `python -m benchmarks.posteriordb` (benchmarks/posteriordb.py): each "
+        "built-in posterior sampled with `hmc.sample`'s default settings, compared with "
+        "posteriordb's reference draws (10 x 1000 Stan NUTS draws).",
+        "",
+        f"- Machine: {machine()}.",
+        f"- Settings: {settings(records)}; float64, CPU, one process per run.",
+        "- wall / CPU s: elapsed and process CPU time of `hmc.sample` (the machine is shared, "
+        "so CPU time is the better measure of cost). grad evals: over all chains.",
+        "- max |z|: largest |mean difference| / sqrt(MCSE_run^2 + MCSE_ref^2) over the "
+        "reported parameters (MCSE_run from `arviz_stats.mcse`, MCSE_ref = `mcse_mean` of "
+        "reference.json). Bound: Bonferroni, Phi^-1(1 - 0.01 / (2 m)) for m parameters.",
+        "- sd err: the largest |sd / sd_ref - 1|, signed. q z: largest |z| of the 5 % and "
+        "95 % quantiles (information only). ESS: smallest bulk / tail ESS. R-hat: largest "
+        "rank-normalised split R-hat.",
+        f"- Pass: every mean |z| below the bound and every sd within {SD_TOLERANCE:.0%}.",
+        "",
+        "| posterior | dim | max \\|z\\| (bound) | sd err | q \\|z\\| | min ESS bulk / tail "
+        "| max R-hat | divergences | grad evals | wall / CPU s | pass | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    passed_count = 0
+    for name in sorted(records):
+        record = records[name]
+        checks = [ParameterCheck(**c) for c in record["checks"]]
+        passed, bound, note = verdict(record)
+        passed_count += passed
+        worst_sd = max(checks, key=lambda c: abs(c.sd_rel_error)).sd_rel_error
+        q = max(max(abs(c.q05_z), abs(c.q95_z)) for c in checks)
+        lines.append(
+            f"| {name} | {len(checks)} | {max(abs(c.mean_z) for c in checks):.2f} "
+            f"({bound:.2f}) | {worst_sd:+.3f} | {q:.2f} "
+            f"| {min(c.ess_bulk for c in checks):.0f} / {min(c.ess_tail for c in checks):.0f} "
+            f"| {max(c.rhat for c in checks):.3f} | {record['divergences']} "
+            f"| {record['gradient_evaluations']:,} "
+            f"| {record['wall_s']:.0f} / {record['cpu_s']:.0f} "
+            f"| {'pass' if passed else 'FAIL'} | {note} |"
+        )
+    missing = [n for n in hmc.models.names() if n not in records]
+    lines += ["", f"{passed_count} of {len(records)} posteriors pass."]
+    if missing:
+        lines.append(f"Not run: {', '.join(missing)}.")
+    return "\n".join(lines) + "\n"
+
+
+def read_results(path: Path) -> dict[str, dict[str, Any]]:
+    records: dict[str, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                records[record["posterior"]] = record
+    return records
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chains", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--draws", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kernel", default=None, help="default: hmc.sample's default")
+    parser.add_argument("--metric", default=None, help="default: hmc.sample's default")
+    parser.add_argument("--only", nargs="+", default=None, metavar="NAME")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reference-dir", default=str(DEFAULT_REFERENCE))
+    parser.add_argument("--results", default=str(HERE / "posteriordb-results.jsonl"))
+    parser.add_argument("--markdown", default=str(HERE / "posteriordb.md"))
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    results = Path(args.results)
+    names = [] if args.report_only else resolve(args.only or hmc.models.names())
+    for name in names:
+        print(f"{name} ...", flush=True)
+        record = run_one(name, args)
+        with results.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        passed, bound, note = verdict(record)
+        worst = max(abs(c["mean_z"]) for c in record["checks"])
+        print(
+            f"  {'pass' if passed else 'FAIL'}: max |z| {worst:.2f} (bound {bound:.2f}), "
+            f"{record['divergences']} divergences, {record['wall_s']:.0f} s. {note}",
+            flush=True,
+        )
+        Path(args.markdown).write_text(markdown(read_results(results)))
+    if args.report_only:
+        Path(args.markdown).write_text(markdown(read_results(results)))
+
+
+if __name__ == "__main__":
+    main()
