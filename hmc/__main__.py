@@ -87,9 +87,20 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="never show the progress bar (by default it is shown on a terminal)",
     )
-    # The model is chosen by name (hmc.demo.get_model); a `--model NAME` option with
-    # choices=sorted(MODELS) only has to replace this default.
-    parser.set_defaults(func=_run_demo, model=DEFAULT_MODEL)
+    import hmc.models
+    from hmc.demo import MODELS
+
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        choices=sorted(MODELS) + hmc.models.names(),
+        metavar="NAME",
+        help=(
+            "the model: eight_schools (the flat non-centred eight schools) or a built-in "
+            "posteriordb posterior: " + ", ".join(hmc.models.names())
+        ),
+    )
+    parser.set_defaults(func=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> int:

@@ -174,30 +174,38 @@ def run_demo(
 
     import hmc
 
-    spec = get_model(model)
     os.makedirs(out, exist_ok=True)
     options: dict[str, Any] = {}
     if kernel is not None:
         options["kernel"] = kernel
+    if model in MODELS:
+        spec = get_model(model)
+        target, description, plot_vars = spec.log_prob, spec.description, spec.plot_vars
+        options.update(dim=spec.dim, batched=True)
+    elif model in hmc.models.names():
+        spec, target, plot_vars = None, hmc.models.load(model), None
+        description = f"posteriordb posterior, {target.dim} unconstrained dimensions"
+    else:
+        known = sorted(MODELS) + hmc.models.names()
+        raise ValueError(f"unknown model {model!r}; known models: {known}")
     echo(
-        f"hmc {hmc.__version__}: {spec.name} ({spec.description}); {chains} chains, "
+        f"hmc {hmc.__version__}: {model} ({description}); {chains} chains, "
         f"{warmup} warmup and {draws} draws each, seed {seed}"
     )
     started = time.perf_counter()
     dt = hmc.sample(
-        spec.log_prob,
-        dim=spec.dim,
+        target,
         chains=chains,
         warmup=warmup,
         draws=draws,
         seed=seed,
-        batched=True,
         progress=progress,
         **options,
     )
     elapsed = time.perf_counter() - started
-    named_posterior(dt, spec)
-    dt.attrs["model"] = spec.name
+    if spec is not None:
+        named_posterior(dt, spec)
+    dt.attrs["model"] = model
 
     stats = dt["sample_stats"]
     divergences = int(stats["diverging"].values.sum())
@@ -208,7 +216,7 @@ def run_demo(
     )
     with az.rc_context({"plot.backend": "matplotlib"}):
         echo(az.summary(dt).to_string())
-        names = list(spec.plot_vars) if spec.plot_vars else None
+        names = list(plot_vars) if plot_vars else None
         paths = {
             "trace.png": az.plot_trace_dist(dt, var_names=names),
             "rank.png": az.plot_rank(dt, var_names=names),
