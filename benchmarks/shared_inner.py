@@ -19,7 +19,7 @@ Repetitions are interleaved (every method once per round) and medians reported.
 
 Run from the repository root::
 
-    python benchmarks/shared_inner.py --out benchmarks/RESULTS-shared_inner.md
+    python benchmarks/shared_inner.py --out shared-inner-section.md
 """
 
 from __future__ import annotations
