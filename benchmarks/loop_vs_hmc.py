@@ -23,7 +23,7 @@ also runs ``cProfile`` over one ``hmc.sample`` call and prints where the time go
 
 Run from the repository root::
 
-    python -m benchmarks.loop_vs_hmc --reps 5 --out benchmarks/RESULTS-loop.md
+    python -m benchmarks.loop_vs_hmc --reps 5 --out loop-section.md
 """
 
 from __future__ import annotations

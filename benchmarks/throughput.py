@@ -25,7 +25,7 @@ machine, wall time includes waiting for the CPU).
 
 Run from the repository root::
 
-    python -m benchmarks.throughput --out benchmarks/RESULTS-throughput.md
+    python -m benchmarks.throughput --out throughput-section.md
     python -m benchmarks.throughput --quick          # a smaller sweep, ~1 minute
 """
 
