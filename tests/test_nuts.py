@@ -132,9 +132,10 @@ def funnel_non_centred(q):
 
 
 def test_centred_funnel_reports_divergences():
-    dt = run(
-        funnel_centred, 10, chains=2, warmup=150, draws=200, kernel=hmc.NUTS(max_tree_depth=(6, 8))
-    )
+    """The neck of the centred funnel (v < -4) needs step sizes far below the adapted one:
+    Stan and this sampler both report divergences there (about 1-4 % of draws)."""
+    kernel = hmc.NUTS(max_tree_depth=(8, 10))
+    dt = run(funnel_centred, 10, warmup=300, draws=1000, kernel=kernel, seed=3)
     assert stats(dt, "diverging").sum() > 0
     assert dt.attrs["n_gradient_evaluations"] > 0
     assert np.isfinite(dt["posterior"]["x"].values).all()
