@@ -17,7 +17,21 @@ bijection of ``R^(n x n)``).
 
 Everything on the sampler's path works for one position ``(D,)`` under ``torch.func.vmap``
 (no ``.item()``, no data-dependent Python branches, no in-place writes), in the dtype and
-on the device of ``q``.
+on the device of ``q``. Distributions given as parameters (and torch transforms with tensor
+parameters) are copied once per dtype and device (:func:`cast_to`), so a float32 prior
+does not turn a float64 run into a mixed-precision one.
+
+Choices worth knowing:
+
+- Parameter names are checked by reading: the user's function gets a dict that records
+  which names it reads. Reading an undeclared name raises :class:`UndeclaredParameterError`
+  (a ``KeyError``); a declared :class:`Param` that is never read (its density would be
+  flat and improper) raises ``ValueError``. This runs once at construction at the
+  unconstrained point 0, and on the first evaluation if that dry run failed for another
+  reason (data on another device, say), then never again.
+- The unconstrained draws (``unconstrained=True``) are named ``<name>_unconstrained``:
+  ArviZ ``dims`` are per variable name, and a simplex or a Cholesky factor has a different
+  shape on the two scales, so the two cannot share a name.
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ __all__ = [
     "Param",
     "ParamTransform",
     "UndeclaredParameterError",
+    "cast_to",
     "ordered_vector",
     "param_transform",
     "positive_ordered_vector",
@@ -336,7 +351,8 @@ class Param:
     Examples
     --------
     >>> from torch.distributions import constraints
-    >>> Param(), Param(shape=8), Param(constraint=constraints.positive)  # doctest: +SKIP
+    >>> Param(shape=8).shape, Param((2, 2), constraints.lower_cholesky).shape
+    ((8,), (2, 2))
     """
 
     shape: tuple[int, ...] | int = ()

@@ -100,10 +100,11 @@ print("true:", true_beta[:5].numpy().round(2))
 # %% [markdown]
 # ## Utilisation: how much of the batch does useful work
 #
-# `dt.attrs["chain_utilization"]` is the fraction of chain-slots that did a useful
-# leapfrog step during the sampling phase: the leapfrog steps taken, divided by the
-# number of steps times the number of chains still sampling. Asynchronous NUTS keeps it
-# near 1 however different the chains' tree depths are.
+# Each batched leapfrog step offers one slot per chain that is still sampling.
+# `dt.attrs["chain_utilization"]` is the fraction of those slots, over the sampling
+# phase, in which a chain did useful leapfrog work (rather than wait). Asynchronous NUTS
+# keeps it near 1 however different the chains' tree depths are: a chain that finishes
+# its tree starts the next one at the next step.
 #
 # For comparison we compute from `sample_stats["n_steps"]` the utilisation that chains in
 # lock step would have had: at draw $t$ every chain waits for the longest trajectory,

@@ -4,7 +4,9 @@ prior-only model whose moments are known (an end-to-end check of the Jacobians).
 from __future__ import annotations
 
 import math
+import warnings
 
+import arviz_stats
 import numpy as np
 import pytest
 import torch
@@ -170,7 +172,7 @@ def test_posterior_dims_coords_and_groups():
         coords={"school": SCHOOLS},
         unconstrained=True,
     )
-    dt = hmc.sample(model, chains=2, warmup=30, draws=20, seed=1, progress=False)
+    dt = hmc.sample(model, chains=2, warmup=100, draws=50, seed=1, progress=False)
     post = dt["posterior"]
     assert set(post.data_vars) == {"mu", "tau", "z", "theta"}
     assert post["z"].dims == ("chain", "draw", "school")
@@ -180,7 +182,10 @@ def test_posterior_dims_coords_and_groups():
     theta = post["mu"].values[..., None] + post["tau"].values[..., None] * post["z"].values
     np.testing.assert_allclose(post["theta"].values, theta)
     assert dt["observed_data"]["y"].dims == ("school",)
-    assert dt["log_likelihood"]["y"].shape == (2, 20, 8)
+    assert dt["log_likelihood"]["y"].shape == (2, 50, 8)
+    with warnings.catch_warnings():  # 100 draws: Pareto k warnings expected
+        warnings.simplefilter("ignore")
+        assert math.isfinite(float(arviz_stats.loo(dt).elpd))
     unconstrained = dt["unconstrained_posterior"]
     np.testing.assert_allclose(unconstrained["tau_unconstrained"].values, np.log(post["tau"]))
     assert unconstrained["z_unconstrained"].dims == ("chain", "draw", "school")

@@ -218,7 +218,7 @@ FAST = {  # posterior: (warmup, draws) with 4 chains; between them every kind of
     "eight_schools-eight_schools_noncentered": (300, 300),  # positive, a derived quantity
     "gp_pois_regr-gp_regr": (300, 300),  # a Cholesky factor inside the density
     "low_dim_gauss_mix-low_dim_gauss_mix": (300, 300),  # ordered, unit interval, a mixture
-    "hmm_example-hmm_example": (250, 250),  # simplexes, positive ordered
+    "hmm_example-hmm_example": (200, 200),  # simplexes, positive ordered
 }
 FAST_CHECKS = sum(2 * len(hmc.models.reference(name)["parameter_names"]) for name in FAST)
 
