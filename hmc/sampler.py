@@ -257,6 +257,7 @@ class _Loop(NamedTuple):
                 )
             ).tolist()
             any_done, any_adapting, total_done, least, warming, busy, alive = counts[:7]
+            # busy: chain-slots that did leapfrog work in this call, alive: chains running
             if kernel_flags.numel():
                 kernel_state = self.kernel.with_host_flags(kernel_state, counts[7:])
             if any_done:

@@ -40,12 +40,15 @@ class HMCInfo(NamedTuple):
 
 
 class HMCState(NamedTuple):
-    """The chains' current states, transitions done ``(C,)`` and to do ``(C,)``."""
+    """The chains' current states, transitions done ``(C,)`` and to do ``(C,)``, the last
+    statistics, and ``busy`` ``(C,)``: the fraction of the last call's leapfrog steps in
+    which each chain moved (its steps over the longest chain's; 0 for finished chains)."""
 
     state: State
     transitions: torch.Tensor
     limit: torch.Tensor
     info: HMCInfo | None
+    busy: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class HMC:
         device = state.position.device
         limit = num_transitions if num_transitions is not None else 2**62
         zeros = torch.zeros(chains, dtype=torch.int64, device=device)
-        return HMCState(state, zeros, torch.full_like(zeros, limit), None)
+        return HMCState(state, zeros, torch.full_like(zeros, limit), None, zeros.double())
 
     def advance(
         self,
@@ -108,12 +111,14 @@ class HMC:
     ) -> tuple[HMCState, torch.Tensor]:
         """One transition of every chain that has transitions left (see
         :class:`hmc.kernels.base.Kernel`)."""
-        state, counter, limit, _ = kernel_state
+        state, counter, limit = kernel_state.state, kernel_state.transitions, kernel_state.limit
         running = counter < limit
         new_state, info = self.transition(state, params, potential, keys, counter)
         new_state = where_rows(running, new_state, state)
         counter = counter + running.to(counter.dtype)
-        return HMCState(new_state, counter, limit, info), running
+        steps = torch.where(running, info.n_steps, 0).to(torch.float64)
+        busy = steps / steps.max().clamp(min=1)
+        return HMCState(new_state, counter, limit, info, busy), running
 
     @staticmethod
     def report(kernel_state: HMCState) -> tuple[State, HMCInfo]:
