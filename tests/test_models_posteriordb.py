@@ -102,7 +102,7 @@ def _lp_difference(model, plain, seed: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def test_arma11_matches_the_recursion_of_model_md(models):
-    y = torch.tensor(hmc.models._data.read_json("arma-arma11")["y"], dtype=F64)
+    y = torch.tensor(hmc.models.data("arma-arma11")["y"], dtype=F64)
 
     def plain(p, q):
         mu, phi, theta, sigma = p["mu"], p["phi"], p["theta"], p["sigma"]
@@ -119,7 +119,7 @@ def test_arma11_matches_the_recursion_of_model_md(models):
 
 
 def test_garch11_matches_model_md_with_its_dependent_bound(models):
-    raw = hmc.models._data.read_json("garch-garch11")
+    raw = hmc.models.data("garch-garch11")
     y = torch.tensor(raw["y"], dtype=F64)
     model = models["garch-garch11"]
 
@@ -142,7 +142,7 @@ def test_garch11_matches_model_md_with_its_dependent_bound(models):
 
 
 def test_hmm_forward_algorithm_matches_the_loop(models):
-    y = torch.tensor(hmc.models._data.read_json("hmm_example-hmm_example")["y"], dtype=F64)
+    y = torch.tensor(hmc.models.data("hmm_example-hmm_example")["y"], dtype=F64)
 
     def plain(p, q):
         mu = p["mu"]
@@ -176,7 +176,7 @@ def test_gp_pois_regr_reports_f_as_L_f_tilde(models):
 
 
 def test_gp_regr_adds_sigma_as_a_variance(models):
-    raw = hmc.models._data.read_json("gp_pois_regr-gp_regr")
+    raw = hmc.models.data("gp_pois_regr-gp_regr")
     x, y = torch.tensor(raw["x"], dtype=F64), torch.tensor(raw["y"], dtype=F64)
 
     def plain(p, q):
@@ -194,7 +194,7 @@ def test_gp_regr_adds_sigma_as_a_variance(models):
 
 
 def test_centered_eight_schools_keeps_the_log_tau_terms(models):
-    raw = hmc.models._data.read_json("eight_schools-eight_schools_centered")
+    raw = hmc.models.data("eight_schools-eight_schools_centered")
     y, s = torch.tensor(raw["y"], dtype=F64), torch.tensor(raw["sigma"], dtype=F64)
 
     def plain(p, q):

@@ -14,7 +14,8 @@ posteriordb's posterior names:
 
 :func:`reference_draws` maps a run to posteriordb's reported parameter names (1-based,
 ``theta[1]``; derived quantities such as the non-centred ``theta`` included) and
-:func:`reference` gives the summary of posteriordb's reference draws.
+:func:`reference` gives the summary of posteriordb's reference draws, :func:`data` the
+data.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "arK",
     "arma11",
     "blr",
+    "data",
     "diamonds",
     "earn_height",
     "eight_schools_centered",
@@ -70,6 +72,13 @@ def _entry(name: str):
 def load(name: str) -> Model:
     """The model of the posteriordb posterior ``name`` (e.g. ``"sblrc-blr"``)."""
     return _entry(name).build()
+
+
+def data(name: str) -> dict[str, Any]:
+    """The data of the posteriordb posterior ``name`` as posteriordb stores it
+    (``data.json``: numbers and lists; matrices as lists of rows)."""
+    _entry(name)
+    return read_json(name, "data.json")
 
 
 def reference(name: str) -> dict[str, Any]:
