@@ -86,7 +86,6 @@ class Potential:
         self.evaluations = 0
         self._use_vmap = True
         self._warned_raise = False
-        self._cotangents: dict[tuple, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ public API
     def value_and_grad(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,18 +177,28 @@ class Potential:
                 return rows
         return torch.stack([self.log_prob(row) for row in x.unbind(0)])
 
-    def _evaluate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _energy(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``U`` ``(C,)`` and ``dU/dq`` ``(C, D)`` with one ``autograd.grad`` call; raises
+        what ``log_prob`` raises. A single unbatched row is differentiated as a ``(D,)``
+        leaf, which keeps the graph as small as the user's own function."""
+        if q.shape[0] == 1 and not self.batched:
+            x = q[0].detach().requires_grad_(True)
+            U = self.log_prob(x).neg()
+            (grad,) = torch.autograd.grad(U, x)
+            return U.detach().unsqueeze(0), grad.unsqueeze(0)
         x = q.detach().requires_grad_(True)
+        U = self._log_prob_batch(x).neg()
+        (grad,) = torch.autograd.grad(U.sum(), x)
+        return U.detach(), grad
+
+    def _evaluate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         distribution = torch.distributions.Distribution
         validating = distribution._validate_args
         distribution._validate_args = False
         try:
-            lp = self._log_prob_batch(x)
-            total = lp.sum()
-            # Differentiating with a cotangent of -1 gives dU/dq directly.
-            (grad,) = torch.autograd.grad(total, x, grad_outputs=self._minus_one(total))
+            U, grad = self._energy(q)
         except (RuntimeError, ValueError, ArithmeticError) as error:
-            if x.shape[0] == 1:
+            if q.shape[0] == 1:
                 self._warn_raise(error)
                 self.evaluations += 1
                 return _infinite(q)
@@ -197,23 +206,15 @@ class Potential:
         finally:
             distribution._validate_args = validating
         self.evaluations += q.shape[0]
-        U = lp.detach().neg()
         # On the CPU a host check lets the common all-finite case skip the row-wise
-        # selects (a NaN or an infinity anywhere makes one of the two sums non-finite). On
+        # selects (a NaN or an infinity anywhere makes the sum non-finite). On
         # accelerators the selects always run, so that no evaluation waits for the device.
-        if q.device.type == "cpu" and math.isfinite(total.item() + grad.sum().item()):
+        if q.device.type == "cpu" and math.isfinite(U.sum().item() + grad.sum().item()):
             return U, grad
         finite = torch.isfinite(U + grad.sum(-1))
         U = torch.where(finite, U, torch.inf)
         grad = torch.where(finite.unsqueeze(-1), grad, 0.0)
         return U, grad
-
-    def _minus_one(self, like: torch.Tensor) -> torch.Tensor:
-        key = (like.dtype, like.device)
-        value = self._cotangents.get(key)
-        if value is None:
-            value = self._cotangents[key] = torch.tensor(-1.0, dtype=like.dtype, device=like.device)
-        return value
 
     def _evaluate_rows(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Row by row, after the batch raised: rows that raise get ``U = +inf``."""
