@@ -225,11 +225,21 @@ class _Loop(NamedTuple):
 
     def __call__(self, state: State, params: Params, warm, recorder: _Recorder):
         chains = state.position.shape[0]
-        device = state.position.device
         total = self.warmup + self.draws
-        iteration = torch.zeros(chains, dtype=torch.int64, device=device)
         kernel_state = self.kernel.init(state, total)
         bar = _progress_bar(chains * total, self.progress)
+        run = self._lockstep if getattr(self.kernel, "synchronous", False) else self._async
+        params, timing = run(kernel_state, params, warm, recorder, bar)
+        if bar is not None:
+            bar.close()
+        return params, timing
+
+    def _async(self, kernel_state, params: Params, warm, recorder: _Recorder, bar):
+        """Chains on their own iterations: one host read of a few counters per call."""
+        chains = recorder.rows.shape[0]
+        device = recorder.rows.device
+        total = self.warmup + self.draws
+        iteration = torch.zeros(chains, dtype=torch.int64, device=device)
         done_so_far, warmup_seconds, started = 0, 0.0, time.perf_counter()
         useful = slots = 0
         while True:
@@ -264,19 +274,8 @@ class _Loop(NamedTuple):
                 new_state, info = self.kernel.report(kernel_state)
                 recorder.write(done, iteration, new_state, info, params.step_size)
                 if any_adapting and warm is not None:
-                    warm, params = warmup_update(
-                        warm,
-                        params,
-                        self.schedule,
-                        done & (iteration < self.warmup),
-                        iteration,
-                        info.acceptance_rate,
-                        new_state,
-                        self.potential,
-                        self.keys,
-                        self.target_accept,
-                        self.adapt_metric,
-                    )
+                    adapting = done & (iteration < self.warmup)
+                    warm, params = self._adapt(warm, params, adapting, iteration, info, new_state)
             iteration = advanced
             if warming == 0 and warmup_seconds == 0.0:
                 warmup_seconds = time.perf_counter() - started
@@ -284,15 +283,64 @@ class _Loop(NamedTuple):
                 useful += busy
                 slots += alive
             if bar is not None and any_done:
-                bar.update(total_done - done_so_far)
-                bar.set_postfix(divergences=int(recorder.divergences), refresh=False)
+                _show(bar, total_done - done_so_far, recorder)
             done_so_far = total_done
             if least >= total:
                 break
-        if bar is not None:
-            bar.close()
         utilization = useful / slots if slots else 1.0
         return params, {"warmup": warmup_seconds, "utilization": utilization}
+
+    def _lockstep(self, kernel_state, params: Params, warm, recorder: _Recorder, bar):
+        """Kernels whose every call is one iteration of every chain (static HMC): the
+        counters live on the host, and nothing is read from the device."""
+        chains = recorder.rows.shape[0]
+        device = recorder.rows.device
+        warming = torch.zeros(chains, dtype=torch.bool, device=device)  # the sampling masks
+        sampling = ~warming
+        warmup_seconds, started = 0.0, time.perf_counter()
+        useful = torch.zeros((), dtype=torch.float64, device=device)
+        for t in range(self.warmup + self.draws):
+            if t == self.warmup:
+                warmup_seconds = time.perf_counter() - started
+            kernel_state, done = self.kernel.advance(
+                kernel_state,
+                params,
+                self.potential,
+                self.keys,
+                warming if t < self.warmup else sampling,
+            )
+            new_state, info = self.kernel.report(kernel_state)
+            recorder.write_slot(t, new_state, info, params.step_size)
+            if t >= self.warmup:
+                useful = useful + kernel_state.busy.sum()
+            elif warm is not None:
+                iteration = torch.full((chains,), t, device=device)
+                warm, params = self._adapt(warm, params, done, iteration, info, new_state)
+            if bar is not None:
+                _show(bar, chains, recorder)
+        utilization = float(useful) / (chains * self.draws)
+        return params, {"warmup": warmup_seconds, "utilization": utilization}
+
+    def _adapt(self, warm, params: Params, done, iteration, info, new_state: State):
+        """Warmup's update for the chains ``done`` ``(C,)`` after their ``iteration``."""
+        return warmup_update(
+            warm,
+            params,
+            self.schedule,
+            done,
+            iteration,
+            info.acceptance_rate,
+            new_state,
+            self.potential,
+            self.keys,
+            self.target_accept,
+            self.adapt_metric,
+        )
+
+
+def _show(bar, new_draws: int, recorder: _Recorder) -> None:
+    bar.update(new_draws)
+    bar.set_postfix(divergences=int(recorder.divergences), refresh=False)
 
 
 class _Recorder:
@@ -328,22 +376,44 @@ class _Recorder:
         info: NamedTuple,
         step_size: torch.Tensor,
     ) -> None:
+        """Record the chains ``done`` ``(C,)`` at their ``iteration`` ``(C,)``."""
         slot = iteration - self.offset
         keep = done & (slot >= 0) & (slot < self.kept)
         slot = slot.clamp(0, self.kept - 1)
         rows = self.rows
         old = self.positions[rows, slot]
         self.positions[rows, slot] = torch.where(keep.unsqueeze(-1), state.position, old)
+        for buffer, value in self._buffers(state, info, step_size):
+            buffer[rows, slot] = torch.where(keep, value, buffer[rows, slot])
+        self.divergences = self.divergences + (info.diverging & keep).sum()
+
+    def write_slot(
+        self, iteration: int, state: State, info: NamedTuple, step_size: torch.Tensor
+    ) -> None:
+        """Record every chain at the same ``iteration``."""
+        slot = iteration - self.offset
+        if not 0 <= slot < self.kept:
+            return
+        self.positions[:, slot] = state.position
+        for buffer, value in self._buffers(state, info, step_size):
+            buffer[:, slot] = value
+        self.divergences = self.divergences + info.diverging.sum()
+
+    def _buffers(
+        self, state: State, info: NamedTuple, step_size: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(buffer, value) of every statistic, buffers made on first use."""
         values = {"lp": -state.potential, "step_size": step_size, **info._asdict()}
+        pairs = []
         for name, value in values.items():
             buffer = self.buffers.get(name)
             if buffer is None:
                 buffer = torch.zeros(
-                    rows.shape[0], self.kept, dtype=value.dtype, device=value.device
+                    self.rows.shape[0], self.kept, dtype=value.dtype, device=value.device
                 )
                 self.buffers[name] = buffer
-            buffer[rows, slot] = torch.where(keep, value, buffer[rows, slot])
-        self.divergences = self.divergences + (info.diverging & keep).sum()
+            pairs.append((buffer, value))
+        return pairs
 
     def stats(self, window: slice) -> dict[str, np.ndarray]:
         return {name: buf[:, window].numpy(force=True) for name, buf in self.buffers.items()}

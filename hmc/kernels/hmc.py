@@ -25,7 +25,7 @@ from hmc.potential import Potential
 from hmc.random import Stream, normal, uniform
 from hmc.state import State, put_rows, take_rows, where_rows
 
-__all__ = ["HMC", "HMCInfo", "HMCState"]
+__all__ = ["HMC", "HMCDraws", "HMCInfo", "HMCState"]
 
 
 class HMCInfo(NamedTuple):
@@ -39,16 +39,37 @@ class HMCInfo(NamedTuple):
     max_energy_error: torch.Tensor
 
 
+class HMCDraws(NamedTuple):
+    """The random numbers of transitions: momentum noise ``(C, ..., D)``, the uniform of
+    the Metropolis test ``(C, ...)`` and the uniform that sets the number of steps
+    ``(C, ...)`` (None for a fixed number). A block of transitions has an axis after the
+    chain axis."""
+
+    noise: torch.Tensor
+    accept: torch.Tensor
+    steps: torch.Tensor | None
+
+
 class HMCState(NamedTuple):
-    """The chains' current states, transitions done ``(C,)`` and to do ``(C,)``, the last
-    statistics, and ``busy`` ``(C,)``: the fraction of the last call's leapfrog steps in
-    which each chain moved (its steps over the longest chain's; 0 for finished chains)."""
+    """The chains' current states; ``transitions`` done by every chain and its ``limit``
+    (host integers: static HMC moves all chains in lockstep); the last statistics;
+    ``busy`` ``(C,)``, the fraction of the last call's leapfrog steps in which each chain
+    moved (its steps over the longest chain's); ``block``, the random numbers of the
+    transitions ``transitions - transitions % B`` onwards, drawn ``B`` at a time; and
+    ``everyone``, an all-True ``(C,)`` mask (the ``done`` of every call)."""
 
     state: State
-    transitions: torch.Tensor
-    limit: torch.Tensor
+    transitions: int
+    limit: int
     info: HMCInfo | None
     busy: torch.Tensor
+    block: HMCDraws | None
+    everyone: torch.Tensor
+
+
+#: Random numbers of a block of transitions take at most this many values (C x B x D).
+BLOCK_VALUES = 1 << 22
+MAX_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -78,6 +99,8 @@ class HMC:
     max_energy_error: float = 1000.0
 
     stat_names = HMCInfo._fields
+    #: every call completes one transition of every chain with transitions left
+    synchronous = True
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and (
@@ -96,10 +119,9 @@ class HMC:
     def init(self, state: State, num_transitions: int | None = None) -> HMCState:
         """Kernel state for chains at ``state``, each to run ``num_transitions``."""
         chains = state.position.shape[0]
-        device = state.position.device
         limit = num_transitions if num_transitions is not None else 2**62
-        zeros = torch.zeros(chains, dtype=torch.int64, device=device)
-        return HMCState(state, zeros, torch.full_like(zeros, limit), None, zeros.double())
+        everyone = torch.ones(chains, dtype=torch.bool, device=state.position.device)
+        return HMCState(state, 0, limit, None, everyone.double(), None, everyone)
 
     def advance(
         self,
@@ -109,16 +131,30 @@ class HMC:
         keys: torch.Tensor,
         sampling: torch.Tensor,
     ) -> tuple[HMCState, torch.Tensor]:
-        """One transition of every chain that has transitions left (see
-        :class:`hmc.kernels.base.Kernel`)."""
-        state, counter, limit = kernel_state.state, kernel_state.transitions, kernel_state.limit
-        running = counter < limit
-        new_state, info = self.transition(state, params, potential, keys, counter)
-        new_state = where_rows(running, new_state, state)
-        counter = counter + running.to(counter.dtype)
-        steps = torch.where(running, info.n_steps, 0).to(torch.float64)
-        busy = steps / steps.max().clamp(min=1)
-        return HMCState(new_state, counter, limit, info, busy), running
+        """One transition of every chain, if they have transitions left (see
+        :class:`hmc.kernels.base.Kernel`); chains run in lockstep, so ``done`` is all or
+        nothing."""
+        ks = kernel_state
+        if ks.transitions >= ks.limit:
+            return ks._replace(busy=torch.zeros_like(ks.busy)), ~ks.everyone
+        position = ks.state.position
+        chains, dim = position.shape
+        block = ks.block
+        size = max(1, min(MAX_BLOCK, BLOCK_VALUES // (chains * (dim + 2))))
+        slot = ks.transitions % size
+        if block is None or slot == 0:
+            first = torch.full((chains, 1), ks.transitions, device=position.device)
+            counters = first + torch.arange(size, device=position.device)
+            block = self.draws(keys, counters, dim, position.dtype)
+        draws = HMCDraws(*(None if x is None else x[:, slot] for x in block))
+        new_state, info = self._transition(ks.state, params, potential, draws)
+        busy = ks.busy  # all ones for a fixed number of steps
+        if self.num_steps is None:
+            steps = info.n_steps.to(torch.float64)
+            busy = steps / steps.max()
+        return HMCState(
+            new_state, ks.transitions + 1, ks.limit, info, busy, block, ks.everyone
+        ), ks.everyone
 
     @staticmethod
     def report(kernel_state: HMCState) -> tuple[State, HMCInfo]:
@@ -126,14 +162,30 @@ class HMC:
         assert kernel_state.info is not None, "report() comes after advance()"
         return kernel_state.state, kernel_state.info
 
+    def draws(
+        self, keys: torch.Tensor, counter: torch.Tensor, dim: int, dtype: torch.dtype
+    ) -> HMCDraws:
+        """The random numbers of each chain's transitions number ``counter`` ``(C, ...)``."""
+        return HMCDraws(
+            noise=normal(keys, Stream.MOMENTUM, counter, dim, dtype),
+            accept=uniform(keys, Stream.ACCEPT, counter, 1, dtype)[..., 0],
+            steps=None
+            if self.num_steps is not None
+            else uniform(keys, Stream.STEPS, counter, 1, dtype)[..., 0],
+        )
+
     def num_steps_for(
         self, step_size: torch.Tensor, keys: torch.Tensor, counter: torch.Tensor
     ) -> torch.Tensor:
         """``(C,)`` leapfrog steps of each chain's transition number ``counter``."""
-        if self.num_steps is not None:
-            return torch.full_like(counter, self.num_steps)
+        u = self.draws(keys, counter, 1, step_size.dtype).steps
+        return self._num_steps(step_size, u)
+
+    def _num_steps(self, step_size: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+        """``(C,)`` leapfrog steps from the chains' step sizes and uniforms ``u`` ``(C,)``."""
+        if u is None:
+            return torch.full(step_size.shape, self.num_steps, device=step_size.device)
         longest = torch.ceil(self.trajectory_length / step_size).clamp(1, self.max_steps)
-        u = uniform(keys, Stream.STEPS, counter, 1, step_size.dtype)[:, 0]
         return (1 + torch.floor(u * longest)).to(torch.int64).clamp(1, self.max_steps)
 
     def transition(
@@ -153,12 +205,17 @@ class HMC:
         potential : the energy module.
         keys, counter : ``(C,)`` chain keys and transition numbers (random streams).
         """
+        draws = self.draws(keys, counter, state.position.shape[1], state.position.dtype)
+        return self._transition(state, params, potential, draws)
+
+    def _transition(
+        self, state: State, params: Params, potential: Potential, draws: HMCDraws
+    ) -> tuple[State, HMCInfo]:
+        """One HMC transition of every chain with the given random numbers."""
         metric = params.metric
-        dtype = state.position.dtype
-        noise = normal(keys, Stream.MOMENTUM, counter, state.position.shape[1], dtype)
-        momentum = metric.momentum(noise)
+        momentum = metric.momentum(draws.noise)
         start_energy = state.potential + metric.kinetic_energy(momentum)
-        steps = self.num_steps_for(params.step_size, keys, counter)
+        steps = self._num_steps(params.step_size, draws.steps)
         step_size = params.step_size.unsqueeze(-1)
 
         proposal, p = state, momentum
@@ -172,8 +229,7 @@ class HMC:
         error = torch.nan_to_num(energy - start_energy, nan=torch.inf, posinf=torch.inf)
         diverging = ~(error <= self.max_energy_error)
         accept_prob = torch.exp(torch.clamp(-error, max=0.0))
-        u = uniform(keys, Stream.ACCEPT, counter, 1, dtype)[:, 0]
-        accepted = u < accept_prob
+        accepted = draws.accept < accept_prob
         new_state = where_rows(accepted, proposal, state)
         info = HMCInfo(
             acceptance_rate=accept_prob,
