@@ -18,7 +18,7 @@ from enum import IntEnum
 
 import torch
 
-__all__ = ["Stream", "chain_keys", "normal", "uniform", "uniform_at"]
+__all__ = ["Stream", "chain_keys", "normal", "stream_keys", "uniform", "uniform_at", "uniform_from"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -59,8 +59,9 @@ def chain_keys(seed: int, chains: torch.Tensor) -> torch.Tensor:
     return _mix(seed_key.to(chains.device) ^ _mix(chains.to(torch.int64) * _GOLDEN + 1))
 
 
-def _stream_key(keys: torch.Tensor, stream: Stream) -> torch.Tensor:
-    """Chain keys ``(C,)`` mixed with the stream, so that streams never overlap."""
+def stream_keys(keys: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """Chain keys ``(C,)`` mixed with the stream, so that streams never overlap (made once
+    by callers that draw from one stream many times, see :func:`uniform_from`)."""
     return _mix(keys ^ _wrap(int(stream) * _GOLDEN))
 
 
@@ -70,7 +71,7 @@ def _bits(keys: torch.Tensor, stream: Stream, counter: torch.Tensor, n: int) -> 
     Value ``j`` of draw ``counter`` is ``mix(key_s + (counter * n_max + j) * golden)`` with
     ``key_s`` the chain key mixed with the stream, i.e. SplitMix64's output sequence.
     """
-    key = _stream_key(keys, stream)
+    key = stream_keys(keys, stream)
     shape = (-1,) + (1,) * (counter.dim() - 1)
     index = counter.unsqueeze(-1) * (1 << 20) + torch.arange(n, device=counter.device)
     return _mix(key.view(shape).unsqueeze(-1) + index * _GOLDEN)
@@ -125,7 +126,14 @@ def uniform_at(
 ) -> torch.Tensor:
     """One uniform in (0, 1) per entry of ``index`` ``(C, ...)`` (any int64 values),
     for chain keys ``(C,)``: value number ``index`` of the chain's stream."""
-    key = _stream_key(keys, stream).view((-1,) + (1,) * (index.dim() - 1))
+    return uniform_from(stream_keys(keys, stream), index, dtype)
+
+
+def uniform_from(
+    stream_key: torch.Tensor, index: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """:func:`uniform_at` for the ``(C,)`` keys of one stream from :func:`stream_keys`."""
+    key = stream_key.view((-1,) + (1,) * (index.dim() - 1))
     return _to_unit_interval(_mix(key + index * _GOLDEN), dtype)
 
 

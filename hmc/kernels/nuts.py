@@ -36,7 +36,7 @@ from hmc.integrators import leapfrog
 from hmc.kernels.base import Params
 from hmc.metric import no_u_turn
 from hmc.potential import Potential
-from hmc.random import Stream, normal, uniform_at
+from hmc.random import Stream, normal, stream_keys, uniform_from
 from hmc.state import State, put_rows, take_rows, where_rows
 
 __all__ = ["NUTS", "NUTSInfo", "NUTSState"]
@@ -122,6 +122,8 @@ class NUTSState(NamedTuple):
     busy : ``(C,)`` the chains that took a leapfrog step in the last tick.
     flags : ``(5,)`` device tensor of flags for the next tick, read by the driver with its
         own counters (one host read per tick); ``host`` holds the values it read.
+    keys, tree_keys : the chain keys of the last tick and their TREE stream keys (mixed
+        once, not per tick).
     """
 
     current: State
@@ -133,6 +135,8 @@ class NUTSState(NamedTuple):
     trajectory: Trajectory
     flags: torch.Tensor
     host: tuple[bool, ...]
+    keys: torch.Tensor | None = None
+    tree_keys: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,7 @@ class NUTS:
         """
         ks = kernel_state
         any_start, all_start, any_doubling, all_doubling, all_busy = ks.host
+        tree_keys = ks.tree_keys if ks.keys is keys else stream_keys(keys, Stream.TREE)
         traj = ks.trajectory
         # 1. chains without a transition in flight start one (if they have any left)
         start = ~ks.in_flight & (ks.transition < ks.limit)
@@ -260,7 +265,7 @@ class NUTS:
         in_flight = ks.in_flight | start
         # 2. chains beginning a doubling draw its direction and turn to that end
         if any_doubling:
-            turned = _begin_doubling(traj, params, keys, ks.transition)
+            turned = _begin_doubling(traj, params, tree_keys, ks.transition)
             traj = turned if all_doubling else where_rows(ks.new_doubling | start, turned, traj)
         # 3. one leapfrog step from the edge of every busy chain
         edge, step_size = traj.edge, params.step_size
@@ -281,7 +286,7 @@ class NUTS:
             p = edge.momentum.index_copy(0, rows, sub_p)
         leaf = Point(moved.position, moved.potential, moved.grad, p)
         # 4. the leaf joins its subtree; closing sub-subtrees are merged and checked
-        traj, finished = self._add_leaf(traj, leaf, params, keys, ks.transition)
+        traj, finished = self._add_leaf(traj, leaf, params, tree_keys, ks.transition)
         done = finished & in_flight
         # 5. chains whose transition ended move to their draw and start anew next tick
         sample = traj.sample
@@ -306,6 +311,8 @@ class NUTS:
             trajectory=traj,
             flags=flags,
             host=ks.host,
+            keys=keys,
+            tree_keys=tree_keys,
         )
         return state, done
 
@@ -375,7 +382,7 @@ class NUTS:
         traj: Trajectory,
         leaf: Point,
         params: Params,
-        keys: torch.Tensor,
+        tree_keys: torch.Tensor,
         transition: torch.Tensor,
     ) -> tuple[Trajectory, torch.Tensor]:
         """Record a new leaf; merge the sub-subtrees it closes; at a completed doubling,
@@ -424,7 +431,7 @@ class NUTS:
         merges = torch.where(any_failed, first_failure + 1, closes)
         merges = torch.where(divergent, 0, merges)
         index = transition.unsqueeze(-1) * _TREE_DRAWS + traj.uniforms_used.unsqueeze(-1)
-        u = uniform_at(keys, Stream.TREE, index + torch.arange(levels + 1, device=k.device))
+        u = uniform_from(tree_keys, index + torch.arange(levels + 1, device=k.device))
         # at a merge of left_l and node_l, node_l's proposal wins w.p. w(node_l) / w(node_{l+1})
         right_wins = u[:, :levels] < torch.exp(log_weights[:, :-1] - log_weights[:, 1:])
         # the proposal of node_t: from the highest closing level where the left half won
@@ -488,11 +495,11 @@ class NUTS:
 
 
 def _begin_doubling(
-    traj: Trajectory, params: Params, keys: torch.Tensor, transition: torch.Tensor
+    traj: Trajectory, params: Params, tree_keys: torch.Tensor, transition: torch.Tensor
 ) -> Trajectory:
     """Draw each chain's direction (forward when u > 1/2) and make that end the edge."""
     index = transition * _TREE_DRAWS + traj.uniforms_used
-    forward = uniform_at(keys, Stream.TREE, index) > 0.5
+    forward = uniform_from(tree_keys, index) > 0.5
     swap = forward != traj.edge_forward
     edge = where_rows(swap, traj.other, traj.edge)
     other = where_rows(swap, traj.edge, traj.other)
