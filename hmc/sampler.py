@@ -242,6 +242,7 @@ class _Loop(NamedTuple):
         iteration = torch.zeros(chains, dtype=torch.int64, device=device)
         done_so_far, warmup_seconds, started = 0, 0.0, time.perf_counter()
         useful = slots = 0
+        was_warming = chains if self.warmup > 0 else 0
         while True:
             sampling = iteration >= self.warmup
             running = iteration < total
@@ -279,9 +280,10 @@ class _Loop(NamedTuple):
             iteration = advanced
             if warming == 0 and warmup_seconds == 0.0:
                 warmup_seconds = time.perf_counter() - started
-            if warming == 0:
+            if was_warming == 0:  # every chain was sampling during this call
                 useful += busy
                 slots += alive
+            was_warming = warming
             if bar is not None and any_done:
                 _show(bar, total_done - done_so_far, recorder)
             done_so_far = total_done

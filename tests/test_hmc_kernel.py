@@ -211,6 +211,27 @@ def test_advance_runs_each_chain_its_number_of_transitions():
     assert torch.equal(s.position, positions[1])
 
 
+@pytest.mark.parametrize("num_steps", [None, 2])
+def test_advance_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
+    """advance() draws the random numbers of 64 transitions at a time; across a block
+    boundary its chain stays bit-identical to transition() with counters 0, 1, 2, ..."""
+    potential = hmc.Potential(elementwise, batched=True)
+    state = initial(potential, Q0)
+    kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0)
+    p = params([0.4] * 4, torch.ones(4, 3, dtype=DTYPE))
+    keys = chain_keys(2, torch.arange(4))
+    ks = kernel.init(state)
+    sampling = torch.ones(4, dtype=torch.bool)
+    s = state
+    for t in range(70):
+        ks, done = kernel.advance(ks, p, potential, keys, sampling)
+        s, info = kernel.transition(s, p, potential, keys, torch.full((4,), t))
+        assert done.all()
+        assert torch.equal(ks.state.position, s.position), t
+        assert torch.equal(kernel.report(ks)[1].n_steps, info.n_steps), t
+    assert ks.block is not None and ks.block.noise.shape[1] == 64
+
+
 def test_static_hmc_with_hand_set_parameters_is_exact():
     """No adaptation: a mismatched metric and a large step size (many rejections) still
     leave N(mean, cov) invariant."""
