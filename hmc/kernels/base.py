@@ -52,7 +52,10 @@ class Kernel(Protocol):
         state and ``done`` ``(C,)``, the chains that completed a transition in this call.
         A kernel that needs flags from the device between calls keeps them in a ``flags``
         tensor field of its state; the driver reads them together with its own counters
-        (one host read per call) and hands them back through ``with_host_flags``.
+        (one host read per call) and hands them back through ``with_host_flags``. A kernel
+        with a true ``synchronous`` attribute promises that every call completes one
+        transition of every chain with transitions left (as static HMC does), and the
+        driver then keeps its counters on the host.
         """
         ...
 
