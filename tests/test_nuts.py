@@ -83,7 +83,7 @@ def test_no_missed_u_turns_on_iid_normal(step_size):
 def test_correlated_gaussian_2d():
     precision = torch.tensor([[10.25, -9.74], [-9.74, 10.25]], dtype=torch.float64)
     cov = torch.linalg.inv(precision).numpy()
-    dt = run(gaussian_log_prob(np.zeros(2), cov), 2, warmup=500, draws=1000)
+    dt = run(gaussian_log_prob(np.zeros(2), cov), 2, chains=8, warmup=300, draws=500)
     assert_moments(dt["posterior"]["x"].values, np.zeros(2), cov)
     assert not stats(dt, "diverging").any()
 
@@ -111,7 +111,7 @@ def test_student_t_10d():
     def log_prob(q):
         return (-(nu + 1) / 2 * torch.log1p(q**2 / nu)).sum(-1)
 
-    dt = run(log_prob, 10, warmup=500, draws=1000)
+    dt = run(log_prob, 10, chains=8, warmup=300, draws=500)
     x = dt["posterior"]["x"].values
     inside = np.concatenate([np.abs(x) < t for t in (1.476, 2.015, 3.365)], axis=-1)
     truth = np.repeat([0.8, 0.9, 0.98], 10)
@@ -133,9 +133,10 @@ def funnel_non_centred(q):
 
 def test_centred_funnel_reports_divergences():
     """The neck of the centred funnel (v < -4) needs step sizes far below the adapted one:
-    Stan and this sampler both report divergences there (about 1-4 % of draws)."""
-    kernel = hmc.NUTS(max_tree_depth=(8, 10))
-    dt = run(funnel_centred, 10, warmup=300, draws=1000, kernel=kernel, seed=3)
+    Stan and this sampler both report divergences there (about 1-4 % of draws). Many
+    short chains: the draws that matter here are the visits to the neck."""
+    kernel = hmc.NUTS(max_tree_depth=6)  # trees in the funnel's mouth are long: cap them
+    dt = run(funnel_centred, 10, chains=16, warmup=200, draws=250, kernel=kernel, seed=3)
     assert stats(dt, "diverging").sum() > 0
     assert dt.attrs["n_gradient_evaluations"] > 0
     assert np.isfinite(dt["posterior"]["x"].values).all()
