@@ -32,15 +32,14 @@ import argparse
 import cProfile
 import io
 import math
-import platform
 import pstats
 import statistics
-import subprocess
 import time
 
 import torch
 
 import hmc
+from benchmarks.machine import machine
 
 PRECISION = torch.tensor([[10.25, -9.74], [-9.74, 10.25]], dtype=torch.float64)
 STEP_SIZE = 0.25
@@ -50,23 +49,9 @@ INIT = torch.tensor([0.5, -0.3], dtype=torch.float64)
 TARGET_RATIO = 1.2
 
 
-def machine() -> dict[str, str]:
-    """CPU model, core count, torch and Python versions (reported with every result)."""
-    try:
-        model = subprocess.run(
-            "lscpu | grep 'Model name'", shell=True, capture_output=True, text=True, check=False
-        ).stdout.strip()
-        model = model.split(":", 1)[1].strip() if ":" in model else platform.processor()
-    except OSError:
-        model = platform.processor()
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
-    return {
-        "cpu": model,
-        "nproc": nproc,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "threads": str(torch.get_num_threads()),
-    }
+def machine_info() -> dict[str, str]:
+    """The machine, with the torch version (reported with every result)."""
+    return {**machine(), "torch": torch.__version__}
 
 
 def log_prob(q: torch.Tensor) -> torch.Tensor:
@@ -278,7 +263,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also cProfile one hmc run")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    info = machine()
+    info = machine_info()
 
     # warm-up run of each (imports, first-call costs), not timed
     loop_backward(0, 200)

@@ -57,7 +57,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -66,6 +65,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from benchmarks.machine import machine
 
 TARGETS = ("gauss2d", "diag100", "funnel10", "eight_schools", "logistic")
 SAMPLERS = ("hmc", "stan", "numpyro", "blackjax", "pyro")
@@ -98,15 +99,6 @@ def inits(target: str, chains: int, seed: int) -> np.ndarray:
     """uniform(-2, 2) starts on the unconstrained scale (Stan's default), ``(chains, D)``."""
     rng = np.random.default_rng(seed + 7919)
     return rng.uniform(-2.0, 2.0, size=(chains, dims(target)))
-
-
-def machine() -> dict[str, str]:
-    out = subprocess.run(
-        "lscpu | grep 'Model name'", shell=True, capture_output=True, text=True, check=False
-    ).stdout.strip()
-    model = out.split(":", 1)[1].strip() if ":" in out else platform.processor()
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
-    return {"cpu": model, "nproc": nproc, "python": platform.python_version()}
 
 
 # ====================================================================== log densities

@@ -26,9 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
-import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -39,6 +36,7 @@ import torch
 
 import hmc
 import hmc.models
+from benchmarks.machine import machine
 from hmc.models.validation import ParameterCheck, compare, z_bound
 
 HERE = Path(__file__).resolve().parent
@@ -139,18 +137,12 @@ def verdict(record: dict[str, Any]) -> tuple[bool, float, str]:
     return passed, bound, "; ".join(notes)
 
 
-def machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        model = next(
-            (ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if "Model name" in ln),
-            platform.processor() or "unknown CPU",
-        )
-    except OSError:
-        model = platform.processor() or "unknown CPU"
+def machine_line() -> str:
+    """The machine in one line: CPU, cores, torch and its threads, Python."""
+    info = machine()
     return (
-        f"{model}, {os.cpu_count()} cores, torch {torch.__version__} on "
-        f"{torch.get_num_threads()} thread(s), Python {platform.python_version()}"
+        f"{info['cpu']}, {info['nproc']} cores, torch {torch.__version__} on "
+        f"{torch.get_num_threads()} thread(s), Python {info['python']}"
     )
 
 
@@ -177,7 +169,7 @@ def markdown(records: dict[str, dict[str, Any]]) -> str:
         "built-in posterior sampled with `hmc.sample`'s default settings, compared with "
         "posteriordb's reference draws (10 x 1000 Stan NUTS draws).",
         "",
-        f"- Machine: {machine()}.",
+        f"- Machine: {machine_line()}.",
         f"- Settings: {settings(records)}; float64, CPU, one process per run.",
         "- wall / CPU s: elapsed and process CPU time of `hmc.sample` (the machine is shared, "
         "so CPU time is the better measure of cost). grad evals: over all chains.",

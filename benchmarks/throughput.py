@@ -32,14 +32,13 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import time
 
 import numpy as np
 import torch
 
 import hmc
+from benchmarks.machine import machine
 
 CHAINS = (1, 4, 16, 64, 256, 1024)
 PRECISION = torch.tensor([[10.25, -9.74], [-9.74, 10.25]], dtype=torch.float64)
@@ -47,19 +46,9 @@ TARGET_US = 0.5  # at 1024 chains on gauss2d
 DATA_SEED = 20261202
 
 
-def machine() -> dict[str, str]:
-    """CPU model, core count, torch and Python versions (reported with every result)."""
-    out = subprocess.run(
-        "lscpu | grep 'Model name'", shell=True, capture_output=True, text=True, check=False
-    ).stdout.strip()
-    model = out.split(":", 1)[1].strip() if ":" in out else platform.processor()
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
-    return {
-        "cpu": model,
-        "nproc": nproc,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
+def machine_info() -> dict[str, str]:
+    """The machine, with the torch version (reported with every result)."""
+    return {**machine(), "torch": torch.__version__}
 
 
 # ---------------------------------------------------------------------- targets
@@ -171,7 +160,7 @@ def main() -> None:
     parser.add_argument("--kernels", default="hmc,nuts")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    info = machine()
+    info = machine_info()
     chain_counts = [int(c) for c in args.chains.split(",")]
     scale = 0.25 if args.quick else 1.0
 
