@@ -213,8 +213,8 @@ def main() -> None:
         "",
         f"Machine: {info['cpu']}, nproc={info['nproc']}, torch {info['torch']}, Python "
         f"{info['python']}, torch.set_num_threads(1), float64, log densities written batched "
-        "(`batched=True`). One run per row; the machine was shared with other jobs, so the "
-        "CPU-time column (process CPU time / gradients) is the steadier number.",
+        "(`batched=True`). One run per row; CPU = process CPU time / gradients, the steadier "
+        "number when other jobs share the machine.",
         "",
     ]
     for name in args.targets.split(","):
