@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
+import numbers
 import os
 import secrets
 import sys
@@ -38,6 +39,8 @@ __all__ = ["sample"]
 
 METRICS = ("identity", "diag", "dense")
 MAX_INIT_TRIES = 100
+#: Random starts are uniform(-R, R) on the unconstrained scale (Stan's default R = 2).
+DEFAULT_INIT_RADIUS = 2.0
 
 
 KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS}
@@ -71,10 +74,13 @@ def sample(
         ``log_prob(q)`` for one position ``(D,)`` returning a 0-d tensor (batched over
         chains with ``torch.func.vmap``), or ``(C, D) -> (C,)`` with ``batched=True``; or an
         :class:`hmc.Model` with named, constrained parameters.
-    init : tensor, optional
+    init : tensor, dict or number, optional
         ``(D,)`` (every chain) or ``(chains, D)`` starts; for a model, a dict of constrained
         values. Without it each chain draws uniform(-2, 2) starts on the unconstrained
-        scale, retrying up to 100 times until the value and gradient are finite.
+        scale, retrying up to 100 times until the value and gradient are finite. A number
+        ``R >= 0`` draws them from uniform(-R, R) instead (CmdStan's ``init=R``; ``0``
+        starts every chain at zero): a smaller radius keeps chains out of far regions
+        where a density is numerically flat or explodes.
     dim : int, optional
         The dimension D, required for a plain callable without ``init``.
     chains, warmup, draws : int
@@ -140,8 +146,10 @@ def sample(
     keys = chain_keys(seed, torch.arange(chains, device=device))
 
     started = time.perf_counter()
-    position = target.initial_positions(init, chains, dtype, device)
-    state = _initial_state(target, potential, position, keys, chains, dtype, device)
+    radius = _init_radius(init)
+    position = target.initial_positions(init, chains, dtype, device) if radius is None else None
+    radius = DEFAULT_INIT_RADIUS if radius is None else radius
+    state = _initial_state(target, potential, position, keys, chains, dtype, device, radius)
     dim = state.position.shape[1]
     _check_dense_memory(metric, chains, dim, dtype, device)
 
@@ -486,6 +494,21 @@ def _as_target(log_prob: Any, dim: int | None, batched: bool) -> Target:
     return FlatTarget(log_prob, dim, batched)
 
 
+def _init_radius(init: Any) -> float | None:
+    """The radius of random starts when ``init`` is a number, None otherwise."""
+    if isinstance(init, bool):
+        raise TypeError("init must be a tensor, a dict of values, or a radius (a number), got bool")
+    if not isinstance(init, numbers.Real):
+        return None
+    radius = float(init)
+    if not (math.isfinite(radius) and radius >= 0):
+        raise ValueError(
+            f"init as a number is the radius R of uniform(-R, R) starts and must be finite "
+            f"and >= 0, got {init!r}"
+        )
+    return radius
+
+
 def _initial_state(
     target: Target,
     potential: Potential,
@@ -494,8 +517,10 @@ def _initial_state(
     chains: int,
     dtype: torch.dtype,
     device: torch.device,
+    radius: float,
 ) -> State:
-    """Evaluate user starts, or draw uniform(-2, 2) starts until finite (100 tries)."""
+    """Evaluate user starts, or draw uniform(-radius, radius) starts until finite (100
+    tries)."""
     if position is not None:
         potential.check(position)
         U, grad = potential.value_and_grad(position)
@@ -516,7 +541,7 @@ def _initial_state(
     pending = torch.arange(chains, device=device)
     for attempt in range(MAX_INIT_TRIES):
         counter = torch.full((pending.numel(),), attempt, dtype=torch.int64, device=device)
-        trial = 4 * uniform(keys[pending], Stream.INIT, counter, dim, dtype) - 2
+        trial = radius * (2 * uniform(keys[pending], Stream.INIT, counter, dim, dtype) - 1)
         if attempt == 0:
             potential.check(trial)
         U_new, g_new = potential.value_and_grad(trial)
@@ -529,8 +554,9 @@ def _initial_state(
     chain = int(pending[0])
     raise ValueError(
         f"could not find a finite starting point for chains {pending.tolist()} after "
-        f"{MAX_INIT_TRIES} uniform(-2, 2) draws (last try, chain {chain}: "
-        f"{potential.explain(position[chain])}); pass init="
+        f"{MAX_INIT_TRIES} uniform({-radius:g}, {radius:g}) draws (last try, chain {chain}: "
+        f"{potential.explain(position[chain])}); pass init= (starting values, or a smaller "
+        "radius for the random starts)"
     )
 
 

@@ -188,6 +188,10 @@ def test_unbatched_log_prob_returning_a_batch_hints_at_batched():
         (torch.tensor([0.0, math.nan], dtype=torch.float64), "init"),
         (torch.tensor([[0.0, 0.0], [math.inf, 0.0]], dtype=torch.float64), "init"),
         ("zeros", "init"),
+        (-1.0, "radius"),
+        (math.inf, "radius"),
+        (math.nan, "radius"),
+        (True, "init"),
     ],
 )
 def test_bad_init(init, match):
@@ -207,8 +211,10 @@ def test_init_at_zero_density_names_the_chain():
 
 
 def test_no_finite_starting_point():
-    with pytest.raises(ValueError, match="finite starting point"):
+    with pytest.raises(ValueError, match=r"finite starting point.*uniform\(-2, 2\)"):
         run(lambda q: -torch.inf * (q**2).sum(-1) - torch.inf, batched=True)
+    with pytest.raises(ValueError, match=r"uniform\(-0.5, 0.5\)"):
+        run(lambda q: -torch.inf * (q**2).sum(-1) - torch.inf, batched=True, init=0.5)
 
 
 # ---------------------------------------------------------------------- dense metric memory

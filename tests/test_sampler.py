@@ -171,6 +171,26 @@ def test_init_is_used_and_broadcast():
     np.testing.assert_allclose(dt["posterior"]["x"].values[:, 0], per_chain, atol=1e-6)
 
 
+def starts(init, chains=4):
+    """The chains' starting points: one step of 1e-12 moves them by less than 1e-9."""
+    dt = hmc.sample(
+        ELEMENTWISE, init=init, dim=3, chains=chains, warmup=0, draws=1,
+        kernel=hmc.HMC(num_steps=1), step_size=1e-12, seed=5, progress=False,
+    )  # fmt: skip
+    return dt["posterior"]["x"].values[:, 0]
+
+
+@pytest.mark.filterwarnings("ignore:Found chain dimension")  # 64 chains x 1 draw
+def test_init_radius_sets_the_random_starts():
+    default = starts(None, chains=64)
+    assert 1.5 < np.abs(default).max() <= 2.0
+    # the default radius is 2: the same uniforms, the same starts
+    np.testing.assert_array_equal(starts(2.0, chains=64), default)
+    # radius R scales the same uniforms to (-R, R)
+    np.testing.assert_allclose(starts(0.25, chains=64), default / 8, atol=1e-9)
+    np.testing.assert_allclose(starts(0, chains=2), np.zeros((2, 3)), atol=1e-9)
+
+
 def test_float32():
     dt = small_run(dtype=torch.float32)
     assert dt["posterior"]["x"].dtype == np.float32
