@@ -39,7 +39,11 @@ import time
 import torch
 
 import hmc
-from benchmarks.machine import machine
+
+try:
+    from benchmarks.machine import machine
+except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
+    from machine import machine
 
 PRECISION = torch.tensor([[10.25, -9.74], [-9.74, 10.25]], dtype=torch.float64)
 STEP_SIZE = 0.25

@@ -66,7 +66,10 @@ import time
 
 import numpy as np
 
-from benchmarks.machine import machine
+try:
+    from benchmarks.machine import machine
+except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
+    from machine import machine
 
 TARGETS = ("gauss2d", "diag100", "funnel10", "eight_schools", "logistic")
 SAMPLERS = ("hmc", "stan", "numpyro", "blackjax", "pyro")

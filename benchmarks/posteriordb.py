@@ -39,7 +39,11 @@ import torch
 
 import hmc
 import hmc.models
-from benchmarks.machine import machine
+
+try:
+    from benchmarks.machine import machine
+except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
+    from machine import machine
 from hmc.models.validation import ParameterCheck, compare, z_bound
 
 HERE = Path(__file__).resolve().parent

@@ -38,7 +38,11 @@ import numpy as np
 import torch
 
 import hmc
-from benchmarks.machine import machine
+
+try:
+    from benchmarks.machine import machine
+except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
+    from machine import machine
 
 CHAINS = (1, 4, 16, 64, 256, 1024)
 PRECISION = torch.tensor([[10.25, -9.74], [-9.74, 10.25]], dtype=torch.float64)
