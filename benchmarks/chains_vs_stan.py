@@ -1,21 +1,25 @@
-"""Benchmark: per-chain adaptation and divergences on the centred funnel, hmc against Stan.
+"""Benchmark: hmc's NUTS against Stan's, chain by chain: adaptation, tree sizes, divergences.
 
-Neal's funnel, centred, 10-D (``v ~ N(0, 3)``, ``x_i ~ N(0, exp(v/2))``, i = 1..9), NUTS
-with Stan's defaults (1000 warmup + 1000 draws, diagonal metric, target acceptance 0.8,
-max tree depth 10), uniform(-2, 2) starts. Each side records, per chain: the adapted step
-size, the mean acceptance statistic and the mean number of leapfrog steps over the draws,
-and the number of divergent draws. The comparison is between the two samples of chains
-(Mann-Whitney rank tests with the normal approximation), since a single 4-chain run on a
-funnel varies by a factor of 30 in divergences from seed to seed.
+On one of the targets of ``nuts_anchors.py`` (the same log densities, Stan programs and
+data), NUTS with Stan's defaults (1000 warmup + 1000 draws, diagonal metric, target
+acceptance 0.8, max tree depth 10) and uniform(-2, 2) starts. Each side records, per
+chain: the adapted step size, the mean acceptance statistic and the mean number of leapfrog
+steps over the draws, and the number of divergent draws. The two sets of chains are
+compared with Mann-Whitney rank tests (normal approximation), which detects a shift in
+adaptation that single 4-chain runs hide: on the centred funnel one 4-chain run varies by a
+factor of 30 in divergences from seed to seed.
 
 Chains adapt independently, so hmc runs all its chains in one call; Stan runs 4-chain fits
 with consecutive seeds (the Stan side needs ``pystan``, from
 ``benchmarks/requirements-anchors.txt``, in its own venv)::
 
-    python -m benchmarks.funnel_chains hmc --chains 40 --seed 1 --json hmc-1.json
-    /work/venv-anchors/bin/python benchmarks/funnel_chains.py stan --fits 10 --seed 1 \\
-        --json stan-1.json
-    python -m benchmarks.funnel_chains compare --stan stan-*.json --hmc hmc-*.json
+    python benchmarks/chains_vs_stan.py hmc --target funnel10 --chains 40 --seed 1 \\
+        --json hmc-1.json
+    /work/venv-anchors/bin/python benchmarks/chains_vs_stan.py stan --target funnel10 \\
+        --fits 10 --seed 1 --json stan-1.json
+    python benchmarks/chains_vs_stan.py compare --stan stan-*.json --hmc hmc-*.json
+
+Results of earlier runs are in ``benchmarks/chains-vs-stan/`` and ``RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -27,25 +31,25 @@ from pathlib import Path
 
 import numpy as np
 
-STAN_CODE = """
-parameters { real v; vector[9] x; }
-model { v ~ normal(0, 3); x ~ normal(0, exp(v / 2)); }
-"""
+try:
+    from benchmarks.nuts_anchors import STAN_CODE, TARGETS, dims, stan_data, torch_log_prob
+except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
+    from nuts_anchors import STAN_CODE, TARGETS, dims, stan_data, torch_log_prob
+
 STATS = ("step_size", "accept", "steps", "divergences")
 
 
-def run_hmc(chains: int, seed: int) -> dict[str, list[float]]:
+def run_hmc(target: str, chains: int, seed: int) -> dict[str, list[float]]:
     """Per-chain statistics of one hmc run with ``chains`` chains."""
     import torch
 
     import hmc
 
-    def funnel(q: torch.Tensor) -> torch.Tensor:
-        v, x = q[:, 0], q[:, 1:]
-        return -v * v / 18.0 - 0.5 * (x * x).sum(-1) * torch.exp(-v) - 4.5 * v
-
     torch.set_num_threads(1)
-    dt = hmc.sample(funnel, dim=10, chains=chains, seed=seed, batched=True, progress=False)
+    dt = hmc.sample(
+        torch_log_prob(target), dim=dims(target), chains=chains, seed=seed, batched=True,
+        progress=False,
+    )  # fmt: skip
     stats = dt["sample_stats"]
     return {
         "step_size": dt["adaptation"]["step_size"].values.tolist(),
@@ -55,13 +59,13 @@ def run_hmc(chains: int, seed: int) -> dict[str, list[float]]:
     }
 
 
-def run_stan(fits: int, seed: int) -> dict[str, list[float]]:
+def run_stan(target: str, fits: int, seed: int) -> dict[str, list[float]]:
     """Per-chain statistics of ``fits`` 4-chain Stan fits, seeds ``seed, seed + 1, ...``."""
     import stan
 
     out: dict[str, list[float]] = {name: [] for name in STATS}
     for s in range(seed, seed + fits):
-        fit = stan.build(STAN_CODE, data={}, random_seed=s).sample(
+        fit = stan.build(STAN_CODE[target], data=stan_data(target), random_seed=s).sample(
             num_chains=4, num_warmup=1000, num_samples=1000
         )
         names = list(fit.sample_and_sampler_param_names)
@@ -135,10 +139,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ours = sub.add_parser("hmc", help="one hmc run")
+    ours.add_argument("--target", choices=TARGETS, default="funnel10")
     ours.add_argument("--chains", type=int, default=40)
     ours.add_argument("--seed", type=int, default=1)
     ours.add_argument("--json", required=True)
     stan = sub.add_parser("stan", help="4-chain Stan fits with consecutive seeds")
+    stan.add_argument("--target", choices=TARGETS, default="funnel10")
     stan.add_argument("--fits", type=int, default=10)
     stan.add_argument("--seed", type=int, default=1)
     stan.add_argument("--json", required=True)
@@ -149,9 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "compare":
         print(compare(load(args.stan), load(args.hmc)))
         return
-    result = (
-        run_hmc(args.chains, args.seed) if args.command == "hmc" else run_stan(args.fits, args.seed)
-    )
+    if args.command == "hmc":
+        result = run_hmc(args.target, args.chains, args.seed)
+    else:
+        result = run_stan(args.target, args.fits, args.seed)
     Path(args.json).write_text(json.dumps(result))
 
 
