@@ -20,6 +20,8 @@ from hmc.adapt import (
     welford_init,
     welford_update,
 )
+from hmc.adapt.warmup import warmup_init
+from hmc.kernels.base import Params
 from hmc.metric import metric_from_inverse
 from hmc.random import chain_keys
 
@@ -199,6 +201,22 @@ def test_reasonable_step_size_tracks_the_scale(scale):
     assert (counter >= 2).all()
 
 
+def test_first_dual_averaging_shrinks_towards_ten_times_the_initial_step_size(standard_normal):
+    """Stan sets mu = log(10 * stepsize) from its ``stepsize`` argument before the
+    heuristic runs: the first dual averaging starts at the heuristic's step size but
+    shrinks towards ten times the initial one."""
+    potential = hmc.Potential(standard_normal, batched=True)
+    chains = 3
+    q = torch.full((chains, 2), 0.3, dtype=DTYPE)
+    state = hmc.State(q, *potential.value_and_grad(q))
+    initial = torch.tensor([1.0, 0.01, 30.0], dtype=DTYPE)
+    params = Params(initial, metric_from_inverse(torch.ones(chains, 2, dtype=DTYPE)))
+    warm, tuned = warmup_init(state, params, potential, chain_keys(0, torch.arange(chains)), False)
+    assert not torch.equal(tuned.step_size, initial)  # the heuristic moved every chain
+    torch.testing.assert_close(warm.dual_averaging.mu, torch.log(10 * initial))
+    torch.testing.assert_close(warm.dual_averaging.log_step_size, torch.log(tuned.step_size))
+
+
 # ---------------------------------------------------------------------- warmup, end to end
 def test_warmup_reaches_the_target_acceptance(standard_normal):
     """Dual averaging holds the acceptance statistic at the target during warmup; the
@@ -226,7 +244,9 @@ def test_warmup_reaches_the_target_acceptance(standard_normal):
         assert abs(settled - target_accept) < 0.04, (target_accept, settled)
         stats = dt["sample_stats"]
         accept = stats["acceptance_rate"].values.mean()
-        assert target_accept - 0.05 < accept < target_accept + 0.2, (target_accept, accept)
+        # exp(x_bar) is smaller than the last iterates: at target 0.6, runs of 4 chains
+        # accept 0.75-0.82 on average over seeds 11-13 (chains 0.68-0.85)
+        assert target_accept - 0.05 < accept < target_accept + 0.25, (target_accept, accept)
         # the step size is frozen after warmup, per chain, at the adapted value
         step = stats["step_size"].values
         assert (step == step[:, :1]).all()

@@ -47,11 +47,15 @@ class DualAveragingState(NamedTuple):
     log_step_size: torch.Tensor
 
 
-def dual_averaging_init(step_size: torch.Tensor) -> DualAveragingState:
-    """A fresh state around ``step_size`` ``(C,)`` (``mu = log(10 eps)``)."""
+def dual_averaging_init(
+    step_size: torch.Tensor, shrink_towards: torch.Tensor | None = None
+) -> DualAveragingState:
+    """A fresh state at ``step_size`` ``(C,)`` with ``mu = log(10 eps)``, ``eps`` being
+    ``shrink_towards`` ``(C,)`` when given and ``step_size`` otherwise."""
     zeros = torch.zeros_like(step_size)
     log_eps = torch.log(step_size)
-    return DualAveragingState(zeros, zeros, zeros, math.log(10.0) + log_eps, log_eps)
+    log_mu_eps = log_eps if shrink_towards is None else torch.log(shrink_towards)
+    return DualAveragingState(zeros, zeros, zeros, math.log(10.0) + log_mu_eps, log_eps)
 
 
 def dual_averaging_update(

@@ -9,6 +9,9 @@ After every warmup transition of chain ``c`` (its own iteration ``t_c``):
    the step size it finds;
 4. after the last warmup iteration the step size becomes ``exp(x_bar)``.
 
+Before the first window ends, dual averaging shrinks towards ten times the initial step
+size (Stan sets ``mu`` from its ``stepsize`` argument before the heuristic runs).
+
 Because every step takes a mask of the chains that just finished a transition, chains can
 be at different iterations (as they are under asynchronous NUTS).
 """
@@ -48,12 +51,19 @@ class WarmupState(NamedTuple):
 def warmup_init(
     state: State, params: Params, potential: Potential, keys: torch.Tensor, dense: bool
 ) -> tuple[WarmupState, Params]:
-    """Run the step-size heuristic from the initial states and start dual averaging."""
+    """Run the step-size heuristic from the initial states and start dual averaging.
+
+    As in Stan's services (``mu`` is set from the ``stepsize`` argument before
+    ``init_stepsize`` runs), the first dual averaging shrinks towards ``log(10 eps)`` of
+    the initial step size ``params.step_size``, not of the heuristic's result; after each
+    metric update it shrinks towards the heuristic's result.
+    """
     counter = torch.zeros_like(keys)
     step_size, counter = find_reasonable_step_size(
         state, params.step_size, params.metric, potential, keys, counter
     )
-    warm = WarmupState(dual_averaging_init(step_size), welford_init(state.position, dense), counter)
+    da = dual_averaging_init(step_size, shrink_towards=params.step_size)
+    warm = WarmupState(da, welford_init(state.position, dense), counter)
     return warm, Params(step_size, params.metric)
 
 
