@@ -67,26 +67,40 @@ class Point(NamedTuple):
 
 
 class Proposal(NamedTuple):
-    """A candidate draw: position, potential, gradient and its total energy ``(C,)``."""
+    """A candidate draw, packed so that selecting between two takes two ops: ``vectors``
+    ``(C, 2, D)`` holds its position and gradient, ``scalars`` ``(C, 2)`` its potential and
+    total energy."""
 
-    position: torch.Tensor
-    potential: torch.Tensor
-    grad: torch.Tensor
-    energy: torch.Tensor
+    vectors: torch.Tensor
+    scalars: torch.Tensor
+
+    @property
+    def energy(self) -> torch.Tensor:
+        """``(C,)`` total energy."""
+        return self.scalars[:, 1]
+
+    def state(self) -> State:
+        """The draw as a :class:`State`."""
+        return State(self.vectors[:, 0], self.scalars[:, 0], self.vectors[:, 1])
 
 
-class Subtree(NamedTuple):
-    """Summary of a complete subtree: log of its summed weights, momentum sum ``rho``, the
-    momenta and velocities at its first (``begin``) and last (``end``) leaves, and its
-    proposal. In the checkpoint stack every field has a level axis after the chain axis."""
+# Rows of a packed subtree summary (the stack's last-but-one axis, the node's first).
+RHO, P_BEGIN, V_BEGIN, P_END, V_END, POSITION, GRAD = range(7)
+LOG_WEIGHT, POTENTIAL, ENERGY = range(3)
 
-    log_weight: torch.Tensor
-    rho: torch.Tensor
-    p_begin: torch.Tensor
-    v_begin: torch.Tensor
-    p_end: torch.Tensor
-    v_end: torch.Tensor
-    proposal: Proposal
+
+class Stack(NamedTuple):
+    """Completed left halves awaiting their sibling, one slot per tree level, packed.
+
+    vectors : ``(C, L, 7, D)``: the subtree's momentum sum ``rho``, the momenta and
+        velocities at its first (``begin``) and last (``end``) leaves, and its proposal's
+        position and gradient (rows ``RHO .. GRAD``).
+    scalars : ``(C, L, 3)``: the log of its summed weights and its proposal's potential and
+        total energy (``LOG_WEIGHT, POTENTIAL, ENERGY``).
+    """
+
+    vectors: torch.Tensor
+    scalars: torch.Tensor
 
 
 class Trajectory(NamedTuple):
@@ -96,8 +110,10 @@ class Trajectory(NamedTuple):
     edge: Point  # the end being extended by the current doubling
     other: Point  # the opposite end
     edge_forward: torch.Tensor  # (C,) bool: the edge is the forward end
+    signed_step: torch.Tensor  # (C, 1) step size, negative when the edge is the backward end
     near_p: torch.Tensor  # (C, D) momentum at the edge when the current doubling began
     near_v: torch.Tensor  # (C, D) its velocity
+    other_v: torch.Tensor  # (C, D) velocity at the opposite end
     rho: torch.Tensor  # (C, D) momentum sum of the trajectory before the current doubling
     log_weight: torch.Tensor  # (C,) log sum of exp(H0 - H) over that trajectory
     sample: Proposal  # the current selected point
@@ -107,30 +123,33 @@ class Trajectory(NamedTuple):
     sum_accept: torch.Tensor  # (C,) sum of min(1, exp(H0 - H))
     diverging: torch.Tensor  # (C,) bool
     max_error: torch.Tensor  # (C,) max |H - H0|
-    uniforms_used: torch.Tensor  # (C,) int64 position in the transition's uniform stream
+    next_uniform: torch.Tensor  # (C,) int64 index of the next uniform in the TREE stream
     max_depth: torch.Tensor  # (C,) int64 depth cap of this transition
-    stack: Subtree  # (C, L, ...) completed left halves awaiting their sibling, per level
+    stack: Stack  # (C, L, ...) completed left halves awaiting their sibling, per level
 
 
 class NUTSState(NamedTuple):
-    """Kernel state: where each chain is, its in-flight trajectory and counters.
+    """Kernel state: each chain's in-flight trajectory and counters.
 
-    current : the state each chain's next transition starts from.
     transition : ``(C,)`` index of the in-flight (or next) transition of each chain.
     limit : ``(C,)`` number of transitions each chain is to run.
     in_flight, new_doubling : ``(C,)`` bool flags for the next tick.
+    starting : ``(C,)`` the chains that start a transition at the next tick; they start
+        from their trajectory's ``sample`` (the last draw, or the initial state).
     busy : ``(C,)`` the chains that took a leapfrog step in the last tick.
-    flags : ``(5,)`` device tensor of flags for the next tick, read by the driver with its
-        own counters (one host read per tick); ``host`` holds the values it read.
+    flags : ``(6,)`` device tensor of flags for the next tick (any of ``starting``,
+        of the chains beginning a doubling and of the busy chains, then all of each),
+        read by the driver with its own counters (one host read per tick); ``host`` holds
+        the values it read.
     keys, tree_keys : the chain keys of the last tick and their TREE stream keys (mixed
         once, not per tick).
     """
 
-    current: State
     transition: torch.Tensor
     limit: torch.Tensor
     in_flight: torch.Tensor
     new_doubling: torch.Tensor
+    starting: torch.Tensor
     busy: torch.Tensor
     trajectory: Trajectory
     flags: torch.Tensor
@@ -189,54 +208,47 @@ class NUTS:
         ints = torch.zeros(chains, dtype=torch.int64, device=device)
         falses = torch.zeros(chains, dtype=torch.bool, device=device)
         point = Point(position, state.potential, state.grad, torch.zeros_like(position))
-        proposal = Proposal(position, state.potential, state.grad, zeros_c)
-
-        def stacked(x: torch.Tensor) -> torch.Tensor:
-            return x.unsqueeze(1).expand(-1, levels, *x.shape[1:]).clone()
-
-        stack = Subtree(
-            log_weight=stacked(zeros_c),
-            rho=stacked(position),
-            p_begin=stacked(position),
-            v_begin=stacked(position),
-            p_end=stacked(position),
-            v_end=stacked(position),
-            proposal=Proposal(*(stacked(x) for x in proposal)),
+        sample = Proposal(
+            torch.stack((position, state.grad), 1), torch.stack((state.potential, zeros_c), 1)
         )
         trajectory = Trajectory(
             start_energy=zeros_c,
             edge=point,
             other=point,
             edge_forward=falses,
+            signed_step=zeros_c.unsqueeze(-1),
             near_p=torch.zeros_like(position),
             near_v=torch.zeros_like(position),
+            other_v=torch.zeros_like(position),
             rho=torch.zeros_like(position),
             log_weight=zeros_c,
-            sample=proposal,
+            sample=sample,
             depth=ints,
             leaf=ints,
             n_steps=ints,
             sum_accept=zeros_c,
             diverging=falses,
             max_error=zeros_c,
-            uniforms_used=ints,
+            next_uniform=ints,
             max_depth=ints,
-            stack=stack,
+            stack=Stack(
+                position.new_zeros(chains, levels, 7, dim), position.new_zeros(chains, levels, 3)
+            ),
         )
         limit = torch.full(
             (chains,), num_transitions if num_transitions is not None else 2**62, device=device
         )
-        del dim
+        starting = limit > 0
         return NUTSState(
-            current=state,
             transition=ints,
             limit=limit,
             in_flight=falses,
             new_doubling=falses,
+            starting=starting,
             busy=falses,
             trajectory=trajectory,
-            flags=torch.ones(5, dtype=torch.bool, device=device),
-            host=(True, True, True, True, True),
+            flags=_flags(starting, starting, starting),
+            host=(True,) * 6,
         )
 
     def advance(
@@ -254,22 +266,21 @@ class NUTS:
         transition ended (their draws and statistics come from :meth:`report`).
         """
         ks = kernel_state
-        any_start, all_start, any_doubling, all_doubling, all_busy = ks.host
+        any_start, any_doubling, _, all_start, all_doubling, all_busy = ks.host
         tree_keys = ks.tree_keys if ks.keys is keys else stream_keys(keys, Stream.TREE)
         traj = ks.trajectory
         # 1. chains without a transition in flight start one (if they have any left)
-        start = ~ks.in_flight & (ks.transition < ks.limit)
+        start = ks.starting
         if any_start:
             fresh = self._start(ks, params, keys, sampling)
             traj = fresh if all_start else where_rows(start, fresh, traj)
         in_flight = ks.in_flight | start
         # 2. chains beginning a doubling draw its direction and turn to that end
         if any_doubling:
-            turned = _begin_doubling(traj, params, tree_keys, ks.transition)
+            turned = _begin_doubling(traj, params, tree_keys)
             traj = turned if all_doubling else where_rows(ks.new_doubling | start, turned, traj)
         # 3. one leapfrog step from the edge of every busy chain
-        edge, step_size = traj.edge, params.step_size
-        signed = torch.where(traj.edge_forward, step_size, -step_size).unsqueeze(-1)
+        edge, signed = traj.edge, traj.signed_step
         base = State(edge.position, edge.potential, edge.grad)
         if all_busy:
             moved, p = leapfrog(base, edge.momentum, signed, params.metric, potential)
@@ -286,30 +297,22 @@ class NUTS:
             p = edge.momentum.index_copy(0, rows, sub_p)
         leaf = Point(moved.position, moved.potential, moved.grad, p)
         # 4. the leaf joins its subtree; closing sub-subtrees are merged and checked
-        traj, finished = self._add_leaf(traj, leaf, params, tree_keys, ks.transition)
+        traj, finished = self._add_leaf(traj, leaf, params, tree_keys)
         done = finished & in_flight
-        # 5. chains whose transition ended move to their draw and start anew next tick
-        sample = traj.sample
-        draw = State(sample.position, sample.potential, sample.grad)
-        current = where_rows(done, draw, ks.current)
+        # 5. chains whose transition ended start anew from their draw next tick
         transition = ks.transition + done.to(ks.transition.dtype)
         still = in_flight & ~done
         new_doubling = still & (traj.leaf == 0)
         starting = ~still & (transition < ks.limit)
-        doubling = new_doubling | starting
-        busy = still | starting
-        flags = torch.stack(
-            (starting.any(), starting.all(), doubling.any(), doubling.all(), busy.all())
-        )
         state = NUTSState(
-            current=current,
             transition=transition,
             limit=ks.limit,
             in_flight=still,
             new_doubling=new_doubling,
+            starting=starting,
             busy=in_flight,
             trajectory=traj,
-            flags=flags,
+            flags=_flags(starting, new_doubling | starting, still | starting),
             host=ks.host,
             keys=keys,
             tree_keys=tree_keys,
@@ -321,19 +324,19 @@ class NUTS:
         """The draws and statistics of the transitions that ended in the last tick
         (valid in the rows of the chains reported ``done``)."""
         traj = kernel_state.trajectory
-        sample = traj.sample
         n_steps = traj.n_steps
+        energy = traj.sample.energy
         info = NUTSInfo(
             acceptance_rate=traj.sum_accept / n_steps.clamp(min=1).to(traj.sum_accept.dtype),
             n_steps=n_steps,
             diverging=traj.diverging,
-            energy=sample.energy,
-            energy_error=sample.energy - traj.start_energy,
+            energy=energy,
+            energy_error=energy - traj.start_energy,
             max_energy_error=traj.max_error,
             tree_depth=traj.depth,
             reached_max_treedepth=traj.depth >= traj.max_depth,
         )
-        return State(sample.position, sample.potential, sample.grad), info
+        return traj.sample.state(), info
 
     @staticmethod
     def with_host_flags(kernel_state: NUTSState, values: list) -> NUTSState:
@@ -348,8 +351,9 @@ class NUTS:
         keys: torch.Tensor,
         sampling: torch.Tensor,
     ) -> Trajectory:
-        """A fresh trajectory at each chain's current state (rows of starting chains)."""
-        current = ks.current
+        """A fresh trajectory at each chain's last draw (rows of starting chains)."""
+        traj = ks.trajectory
+        current = traj.sample.state()
         metric = params.metric
         dtype = current.position.dtype
         noise = normal(keys, Stream.MOMENTUM, ks.transition, current.position.shape[1], dtype)
@@ -357,7 +361,6 @@ class NUTS:
         energy = current.potential + metric.kinetic_energy(p)
         point = Point(current.position, current.potential, current.grad, p)
         warm_depth, sample_depth = self._depths()
-        traj = ks.trajectory
         zeros_c = torch.zeros_like(energy)
         ints = torch.zeros_like(ks.transition)
         return traj._replace(
@@ -366,31 +369,27 @@ class NUTS:
             other=point,
             rho=p,
             log_weight=zeros_c,
-            sample=Proposal(current.position, current.potential, current.grad, energy),
+            sample=Proposal(traj.sample.vectors, torch.stack((current.potential, energy), 1)),
             depth=ints,
             leaf=ints,
             n_steps=ints,
             sum_accept=zeros_c,
             diverging=torch.zeros_like(ks.in_flight),
             max_error=zeros_c,
-            uniforms_used=ints,
+            next_uniform=ks.transition * _TREE_DRAWS,
             max_depth=torch.where(sampling, sample_depth, warm_depth).to(ints.dtype),
         )
 
     def _add_leaf(
-        self,
-        traj: Trajectory,
-        leaf: Point,
-        params: Params,
-        tree_keys: torch.Tensor,
-        transition: torch.Tensor,
+        self, traj: Trajectory, leaf: Point, params: Params, tree_keys: torch.Tensor
     ) -> tuple[Trajectory, torch.Tensor]:
         """Record a new leaf; merge the sub-subtrees it closes; at a completed doubling,
         merge into the trajectory and test the whole. Returns the new trajectory and
         ``finished`` ``(C,)`` (the transition ended at this leaf)."""
         metric = params.metric
-        stack = traj.stack
-        levels = stack.log_weight.shape[1]
+        vectors, scalars = traj.stack
+        chains, levels = scalars.shape[:2]
+        level, level_mask, span, rows = _constants(chains, levels, leaf.position.device)
         h0 = traj.start_energy
         energy = leaf.potential + metric.kinetic_energy(leaf.momentum)
         energy = torch.nan_to_num(energy, nan=torch.inf, posinf=torch.inf)
@@ -399,84 +398,91 @@ class NUTS:
         log_w = -error  # H0 - H, -inf when H is infinite
         accept = torch.exp(torch.clamp(log_w, max=0.0))
         velocity = metric.velocity(leaf.momentum)
-        leaf_proposal = Proposal(leaf.position, leaf.potential, leaf.grad, energy)
+        ends = torch.stack((leaf.momentum, velocity), 1)  # (C, 2, D): p and v at the leaf
+        leaf_proposal = Proposal(
+            torch.stack((leaf.position, leaf.grad), 1), torch.stack((leaf.potential, energy), 1)
+        )
 
-        # Sub-subtrees closing at leaf k: one per trailing one-bit of k (levels 0..t-1).
+        # Sub-subtrees closing at leaf k: one per trailing one-bit of k (levels 0..t-1);
+        # level l closes iff bits 0..l of k are all ones, i.e. 2**(l+1) divides k + 1.
         k = traj.leaf
-        level = torch.arange(levels, device=k.device)
-        bits = (k.unsqueeze(-1) >> level) & 1  # (C, L)
-        closing = torch.cumprod(bits, dim=1).bool()  # level l closes iff bits 0..l are 1
+        closing = ((k + 1).unsqueeze(-1) & level_mask) == 0  # (C, L)
         closes = closing.sum(-1)  # t (C,)
         # node_l: the subtree of 2**l leaves ending at this leaf (node_0 is the leaf).
         # Its weight and momentum sum accumulate the stored left halves below level l.
         log_weights = torch.logcumsumexp(
-            torch.cat((log_w.unsqueeze(-1), stack.log_weight), dim=1), dim=1
+            torch.cat((log_w.unsqueeze(-1), scalars[:, :, LOG_WEIGHT]), dim=1), dim=1
         )  # (C, L+1): log weight of node_l
-        rhos = torch.cumsum(torch.cat((leaf.momentum.unsqueeze(1), stack.rho), dim=1), dim=1)
-        # the first leaf of node_l's right half R_l = node_l: leaf itself for l = 0
-        p_begin_r = torch.cat((leaf.momentum.unsqueeze(1), stack.p_begin[:, :-1]), dim=1)
-        v_begin_r = torch.cat((velocity.unsqueeze(1), stack.v_begin[:, :-1]), dim=1)
-        v_leaf = velocity.unsqueeze(1).expand_as(v_begin_r)
+        rhos = torch.cumsum(torch.cat((leaf.momentum.unsqueeze(1), vectors[:, :, RHO]), 1), 1)
+        # p and v at the first leaf of node_l's right half R_l = node_l: the leaf for l = 0
+        begin_r = torch.cat((ends.unsqueeze(1), vectors[:, :-1, P_BEGIN : V_BEGIN + 1]), 1)
+        v_leaf = velocity.unsqueeze(1).expand(-1, levels, -1)
+        v_begin_l = vectors[:, :, V_BEGIN]
         # Stan's three checks of a merge of left_l and node_l: across the whole merged
         # subtree, and across each half with the first (last) point of the other.
         ok = _no_u_turns(
-            torch.stack((stack.v_begin, stack.v_begin, stack.v_end)),
-            torch.stack((v_leaf, v_begin_r, v_leaf)),
-            torch.stack((rhos[:, 1:], stack.rho + p_begin_r, rhos[:, :-1] + stack.p_end)),
+            torch.stack((v_begin_l, v_begin_l, vectors[:, :, V_END])),
+            torch.stack((v_leaf, begin_r[:, :, 1], v_leaf)),
+            torch.stack(
+                (
+                    rhos[:, 1:],
+                    vectors[:, :, RHO] + begin_r[:, :, 0],
+                    rhos[:, :-1] + vectors[:, :, P_END],
+                )
+            ),
         )
         failed = closing & ~ok
         any_failed = failed.any(-1)
-        first_failure = torch.where(failed, level, levels).amin(-1)
         # uniforms of the merges actually performed: levels 0..t-1, or up to the failure
-        merges = torch.where(any_failed, first_failure + 1, closes)
+        merges = torch.where(failed, span[1:], closes.unsqueeze(-1)).amin(-1)
         merges = torch.where(divergent, 0, merges)
-        index = transition.unsqueeze(-1) * _TREE_DRAWS + traj.uniforms_used.unsqueeze(-1)
-        u = uniform_from(tree_keys, index + torch.arange(levels + 1, device=k.device))
+        u = uniform_from(tree_keys, traj.next_uniform.unsqueeze(-1) + span)  # (C, L+1)
         # at a merge of left_l and node_l, node_l's proposal wins w.p. w(node_l) / w(node_{l+1})
         right_wins = u[:, :levels] < torch.exp(log_weights[:, :-1] - log_weights[:, 1:])
         # the proposal of node_t: from the highest closing level where the left half won
         left_won = closing & ~right_wins
         source = torch.where(left_won, level, -1).amax(-1)  # -1: the leaf itself
-        from_stack = Proposal(*(_gather_level(x, source.clamp(min=0)) for x in stack.proposal))
-        proposal = where_rows(source >= 0, from_stack, leaf_proposal)
-        valid = ~divergent & ~any_failed
-        node_weight = _gather_level(log_weights, closes)
-        node_rho = _gather_level(rhos, closes)
+        # one gather for both stored subtrees read: the proposal's source and the level
+        # below node_t, whose first leaf begins node_t
         below = (closes - 1).clamp(min=0)
-        node_p_begin = torch.where(
-            (closes > 0).unsqueeze(-1), _gather_level(stack.p_begin, below), leaf.momentum
+        picked = vectors[rows.unsqueeze(-1), torch.stack((source.clamp(min=0), below), 1)]
+        from_stack = Proposal(
+            picked[:, 0, POSITION:], scalars[rows, source.clamp(min=0), POTENTIAL:]
         )
-        node_v_begin = torch.where(
-            (closes > 0).unsqueeze(-1), _gather_level(stack.v_begin, below), velocity
-        )
-        node = Subtree(
-            node_weight, node_rho, node_p_begin, node_v_begin, leaf.momentum, velocity, proposal
-        )
+        proposal = _where_proposal(source >= 0, from_stack, leaf_proposal)
+        valid = ~(divergent | any_failed)
+        node_weight = log_weights[rows, closes]
+        node_rho = rhos[rows, closes]
+        node_begin = torch.where(
+            (closes > 0).view(-1, 1, 1), picked[:, 1, P_BEGIN : V_BEGIN + 1], ends
+        )  # (C, 2, D): p and v at node_t's first leaf
         complete = valid & (closes == traj.depth)
         # A completed left half waits on the stack at its level. Other chains write the
         # same slot too: for them it is above every level the current subtree reads
         # before writing it again, or their transition is over (idle chains' counters
         # run on, hence the clamp).
-        _put_level(stack, closes.clamp(max=levels - 1), node)
-        used = traj.uniforms_used + merges
+        slot = closes.clamp(max=levels - 1)
+        vectors.index_put_(
+            (rows, slot), torch.cat((node_rho.unsqueeze(1), node_begin, ends, proposal.vectors), 1)
+        )
+        scalars.index_put_((rows, slot), torch.cat((node_weight.unsqueeze(1), proposal.scalars), 1))
 
         # ---- top level: a completed doubling merges into the trajectory
-        top_u = _gather_level(u, merges)
+        top_u = u[rows, merges]
         take = (node_weight > traj.log_weight) | (top_u < torch.exp(node_weight - traj.log_weight))
-        sample = where_rows(complete & take, proposal, traj.sample)
+        sample = _where_proposal(complete & take, proposal, traj.sample)
         log_weight = torch.where(
             complete, torch.logaddexp(traj.log_weight, node_weight), traj.log_weight
         )
         rho_total = traj.rho + node_rho
-        other_v = metric.velocity(traj.other.momentum)
         persists = _no_u_turns(
-            torch.stack((other_v, other_v, traj.near_v)),
-            torch.stack((velocity, node_v_begin, velocity)),
-            torch.stack((rho_total, traj.rho + node_p_begin, node_rho + traj.near_p)),
+            torch.stack((traj.other_v, traj.other_v, traj.near_v)),
+            torch.stack((velocity, node_begin[:, 1], velocity)),
+            torch.stack((rho_total, traj.rho + node_begin[:, 0], node_rho + traj.near_p)),
         )
-        depth = traj.depth + complete.to(traj.depth.dtype)
+        completed = complete.to(traj.depth.dtype)
+        depth = traj.depth + completed
         finished = ~valid | (complete & (~persists | (depth >= traj.max_depth)))
-        used = used + complete.to(used.dtype)
         return traj._replace(
             edge=leaf,
             rho=torch.where(complete.unsqueeze(-1), rho_total, traj.rho),
@@ -490,27 +496,28 @@ class NUTS:
             max_error=torch.maximum(
                 traj.max_error, torch.nan_to_num(error.abs(), nan=torch.inf, posinf=torch.inf)
             ),
-            uniforms_used=used,
+            next_uniform=traj.next_uniform + merges + completed,
         ), finished
 
 
-def _begin_doubling(
-    traj: Trajectory, params: Params, tree_keys: torch.Tensor, transition: torch.Tensor
-) -> Trajectory:
+def _begin_doubling(traj: Trajectory, params: Params, tree_keys: torch.Tensor) -> Trajectory:
     """Draw each chain's direction (forward when u > 1/2) and make that end the edge."""
-    index = transition * _TREE_DRAWS + traj.uniforms_used
-    forward = uniform_from(tree_keys, index) > 0.5
+    forward = uniform_from(tree_keys, traj.next_uniform) > 0.5
     swap = forward != traj.edge_forward
     edge = where_rows(swap, traj.other, traj.edge)
     other = where_rows(swap, traj.edge, traj.other)
+    step_size = params.step_size
+    velocity = params.metric.velocity
     return traj._replace(
         edge=edge,
         other=other,
         edge_forward=forward,
+        signed_step=torch.where(forward, step_size, -step_size).unsqueeze(-1),
         near_p=edge.momentum,
-        near_v=params.metric.velocity(edge.momentum),
+        near_v=velocity(edge.momentum),
+        other_v=velocity(other.momentum),
         leaf=torch.zeros_like(traj.leaf),
-        uniforms_used=traj.uniforms_used + 1,
+        next_uniform=traj.next_uniform + 1,
     )
 
 
@@ -520,32 +527,32 @@ def _no_u_turns(v_minus: torch.Tensor, v_plus: torch.Tensor, rho: torch.Tensor) 
     return no_u_turn(v_minus, v_plus, rho).all(0)
 
 
-def _gather_level(x: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
-    """``x[c, level[c]]`` for a ``(C, L, ...)`` tensor."""
-    return x[_rows(x.shape[0], x.device), level]
+def _where_proposal(mask: torch.Tensor, a: Proposal, b: Proposal) -> Proposal:
+    """Row-wise select: chain ``c``'s proposal from ``a`` where ``mask[c]``."""
+    return Proposal(
+        torch.where(mask.view(-1, 1, 1), a.vectors, b.vectors),
+        torch.where(mask.view(-1, 1), a.scalars, b.scalars),
+    )
 
 
-_ROWS: dict[tuple[int, torch.device], torch.Tensor] = {}
+def _flags(starting: torch.Tensor, doubling: torch.Tensor, busy: torch.Tensor) -> torch.Tensor:
+    """``(6,)``: whether any chain, then whether every chain, starts a transition, begins
+    a doubling, or is busy at the next tick."""
+    masks = torch.stack((starting, doubling, busy))
+    return torch.cat((masks.any(1), masks.all(1)))
 
 
-def _rows(chains: int, device: torch.device) -> torch.Tensor:
-    """``arange(chains)`` on ``device``, made once."""
-    rows = _ROWS.get((chains, device))
-    if rows is None:
-        rows = _ROWS[(chains, device)] = torch.arange(chains, device=device)
-    return rows
+_CONSTANTS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, ...]] = {}
 
 
-def _put_level(stack: Subtree, level: torch.Tensor, node: Subtree) -> None:
-    """Write ``node`` into slot ``level[c]`` of every chain's stack, in place."""
-    rows = _rows(level.shape[0], level.device)
-    for slot, value in zip(_fields(stack), _fields(node), strict=True):
-        slot.index_put_((rows, level), value)
-
-
-def _fields(record: tuple) -> list[torch.Tensor]:
-    """The tensors of a nested record, in order."""
-    out = []
-    for x in record:
-        out.extend(_fields(x) if isinstance(x, tuple) else [x])
-    return out
+def _constants(chains: int, levels: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``arange(levels)``, the masks ``2**(l+1) - 1`` of the low ``l + 1`` bits,
+    ``arange(levels + 1)`` and ``arange(chains)``, on ``device``, made once."""
+    key = (chains, levels, device)
+    found = _CONSTANTS.get(key)
+    if found is None:
+        span = torch.arange(levels + 1, device=device)
+        level = span[:-1]
+        found = (level, (2 << level) - 1, span, torch.arange(chains, device=device))
+        _CONSTANTS[key] = found
+    return found
