@@ -18,7 +18,16 @@ from enum import IntEnum
 
 import torch
 
-__all__ = ["Stream", "chain_keys", "normal", "stream_keys", "uniform", "uniform_at", "uniform_from"]
+__all__ = [
+    "Stream",
+    "chain_keys",
+    "normal",
+    "stream_keys",
+    "uniform",
+    "uniform_at",
+    "uniform_from",
+    "uniform_scalar",
+]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -135,6 +144,19 @@ def uniform_from(
     """:func:`uniform_at` for the ``(C,)`` keys of one stream from :func:`stream_keys`."""
     key = stream_key.view((-1,) + (1,) * (index.dim() - 1))
     return _to_unit_interval(_mix(key + index * _GOLDEN), dtype)
+
+
+_MASK = (1 << 64) - 1
+
+
+def uniform_scalar(stream_key: int, index: int) -> float:
+    """:func:`uniform_from` for one chain in plain Python integers: value number ``index``
+    of the stream whose key (an element of :func:`stream_keys`, as a Python int) is
+    ``stream_key``. Bit-identical to the float64 tensor version."""
+    x = (stream_key + index * _GOLDEN) & _MASK
+    x = ((x ^ (x >> 30)) * _MIX1) & _MASK
+    x = ((x ^ (x >> 27)) * _MIX2) & _MASK
+    return (((x ^ (x >> 31)) >> 12) + 0.5) * 2.0**-52
 
 
 def _to_unit_interval(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -244,62 +244,97 @@ class _Loop(NamedTuple):
         return params, timing
 
     def _async(self, kernel_state, params: Params, warm, recorder: _Recorder, bar):
-        """Chains on their own iterations: one host read of a few counters per call."""
+        """Chains on their own iterations: one host read of a few counters per call, or
+        none when the kernel reports on the host which chains finished (``host_done``)."""
         chains = recorder.rows.shape[0]
         device = recorder.rows.device
         total = self.warmup + self.draws
         iteration = torch.zeros(chains, dtype=torch.int64, device=device)
-        done_so_far, warmup_seconds, started = 0, 0.0, time.perf_counter()
+        host_iteration = np.zeros(chains, dtype=np.int64)  # for host-reporting kernels
+        warmup_seconds, started = 0.0, time.perf_counter()
         useful = slots = 0
-        was_warming = chains if self.warmup > 0 else 0
+        counts = _Counts(False, False, 0, 0, chains if self.warmup > 0 else 0, 0, chains)
+        sampling = iteration >= self.warmup
         while True:
-            sampling = iteration >= self.warmup
-            running = iteration < total
+            was_warming, done_so_far = counts.warming, counts.total_done
             kernel_state, done = self.kernel.advance(
                 kernel_state, params, self.potential, self.keys, sampling
             )
-            advanced = iteration + done.to(iteration.dtype)
-            kernel_flags = getattr(kernel_state, "flags", iteration[:0])
-            counts = torch.cat(
-                (
-                    torch.stack(
-                        (
-                            done.any(),
-                            (done & (iteration < self.warmup)).any(),
-                            advanced.sum(),
-                            advanced.min(),
-                            (advanced < self.warmup).sum(),
-                            getattr(kernel_state, "busy", running).sum(),
-                            running.sum(),
-                        )
-                    ),
-                    kernel_flags.to(torch.int64),
-                )
-            ).tolist()
-            any_done, any_adapting, total_done, least, warming, busy, alive = counts[:7]
-            # busy: chain-slots that did leapfrog work in this call, alive: chains running
-            if kernel_flags.numel():
-                kernel_state = self.kernel.with_host_flags(kernel_state, counts[7:])
-            if any_done:
+            finished = getattr(kernel_state, "host_done", None)
+            if finished is None:
+                kernel_state, counts = self._read_counts(kernel_state, done, iteration, total)
+            else:
+                counts = self._host_counts(kernel_state, finished, host_iteration, counts, total)
+            if counts.any_done:
                 new_state, info = self.kernel.report(kernel_state)
-                recorder.write(done, iteration, new_state, info, params.step_size)
-                if any_adapting and warm is not None:
+                if finished is None:
+                    recorder.write(done, iteration, new_state, info, params.step_size)
+                else:
+                    at = host_iteration[finished] - 1
+                    recorder.write_rows(finished, at, new_state, info, params.step_size)
+                if counts.any_adapting and warm is not None:
                     adapting = done & (iteration < self.warmup)
                     warm, params = self._adapt(warm, params, adapting, iteration, info, new_state)
-            iteration = advanced
-            if warming == 0 and warmup_seconds == 0.0:
+                iteration = iteration + done.to(iteration.dtype)
+                sampling = iteration >= self.warmup
+            if counts.warming == 0 and warmup_seconds == 0.0:
                 warmup_seconds = time.perf_counter() - started
             if was_warming == 0:  # every chain was sampling during this call
-                useful += busy
-                slots += alive
-            was_warming = warming
-            if bar is not None and any_done:
-                _show(bar, total_done - done_so_far, recorder)
-            done_so_far = total_done
-            if least >= total:
+                useful += counts.busy
+                slots += counts.alive
+            if bar is not None and counts.any_done:
+                _show(bar, counts.total_done - done_so_far, recorder)
+            if counts.least >= total:
                 break
         utilization = useful / slots if slots else 1.0
         return params, {"warmup": warmup_seconds, "utilization": utilization}
+
+    def _read_counts(self, kernel_state, done, iteration, total: int):
+        """The loop's counters after a call, read from the device in one go (with the
+        kernel's own flags, handed back to it)."""
+        advanced = iteration + done.to(iteration.dtype)
+        kernel_flags = getattr(kernel_state, "flags", iteration[:0])
+        values = torch.cat(
+            (
+                torch.stack(
+                    (
+                        done.any(),
+                        (done & (iteration < self.warmup)).any(),
+                        advanced.sum(),
+                        advanced.min(),
+                        (advanced < self.warmup).sum(),
+                        getattr(kernel_state, "busy", iteration < total).sum(),
+                        (iteration < total).sum(),
+                    )
+                ),
+                kernel_flags.to(torch.int64),
+            )
+        ).tolist()
+        if kernel_flags.numel():
+            kernel_state = self.kernel.with_host_flags(kernel_state, values[7:])
+        return kernel_state, _Counts(*values[:7])
+
+    def _host_counts(
+        self, kernel_state, finished: list[int], iteration: np.ndarray, before, total: int
+    ):
+        """The loop's counters after a call of a kernel that reports its finished chains
+        on the host; ``iteration`` (host copy) is advanced in place."""
+        alive = int((iteration < total).sum())
+        if not finished:
+            return before._replace(
+                any_done=False, any_adapting=False, busy=kernel_state.host_busy, alive=alive
+            )
+        adapting = bool((iteration[finished] < self.warmup).any())
+        iteration[finished] += 1
+        return _Counts(
+            any_done=True,
+            any_adapting=adapting,
+            total_done=int(iteration.sum()),
+            least=int(iteration.min()),
+            warming=int((iteration < self.warmup).sum()),
+            busy=kernel_state.host_busy,
+            alive=alive,
+        )
 
     def _lockstep(self, kernel_state, params: Params, warm, recorder: _Recorder, bar):
         """Kernels whose every call is one iteration of every chain (static HMC): the
@@ -347,6 +382,21 @@ class _Loop(NamedTuple):
             self.target_accept,
             self.adapt_metric,
         )
+
+
+class _Counts(NamedTuple):
+    """What the loop needs to know after each kernel call: whether any chain finished a
+    transition (and any in its warmup), the transitions done so far (all chains, and the
+    fewest of one chain), the chains still in warmup, the chains that did leapfrog work
+    in the call and the chains that had transitions left at its start."""
+
+    any_done: bool
+    any_adapting: bool
+    total_done: int
+    least: int
+    warming: int
+    busy: int
+    alive: int
 
 
 def _show(bar, new_draws: int, recorder: _Recorder) -> None:
@@ -397,6 +447,27 @@ class _Recorder:
         for buffer, value in self._buffers(state, info, step_size):
             buffer[rows, slot] = torch.where(keep, value, buffer[rows, slot])
         self.divergences = self.divergences + (info.diverging & keep).sum()
+
+    def write_rows(
+        self,
+        rows: list[int],
+        iterations: np.ndarray,
+        state: State,
+        info: NamedTuple,
+        step_size: torch.Tensor,
+    ) -> None:
+        """Record the chains ``rows`` at their ``iterations`` (host values, CPU buffers):
+        NumPy writes into the buffers' memory, no tensor operation per statistic."""
+        slots = iterations - self.offset
+        keep = (slots >= 0) & (slots < self.kept)
+        if not keep.all():
+            rows, slots = [r for r, k in zip(rows, keep, strict=True) if k], slots[keep]
+        if not rows:
+            return
+        self.positions.numpy()[rows, slots] = state.position.numpy()[rows]
+        for buffer, value in self._buffers(state, info, step_size):
+            buffer.numpy()[rows, slots] = value.numpy()[rows]
+        self.divergences += int(info.diverging.numpy()[rows].sum())
 
     def write_slot(
         self, iteration: int, state: State, info: NamedTuple, step_size: torch.Tensor

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 from hmc.integrators import leapfrog
+from hmc.kernels import nuts_host
 from hmc.kernels.base import Params
 from hmc.metric import no_u_turn
 from hmc.potential import Potential
@@ -42,6 +43,11 @@ from hmc.state import State, put_rows, take_rows, where_rows
 __all__ = ["NUTS", "NUTSInfo", "NUTSState"]
 
 _TREE_DRAWS = 1 << 32  # uniforms reserved per transition in the TREE stream
+
+#: ``bookkeeping="auto"`` keeps the trees on the host for CPU runs of at most this many
+#: chains (measured crossover in ``benchmarks/RESULTS.md``)
+HOST_MAX_CHAINS = 64
+BOOKKEEPING = ("auto", "host", "tensor")
 
 
 class NUTSInfo(NamedTuple):
@@ -169,6 +175,14 @@ class NUTS:
         leapfrog steps). A pair gives ``(warmup, sampling)`` caps.
     max_energy_error : float
         Energy error ``H - H0`` above which a transition is divergent (default 1000).
+    bookkeeping : "auto", "host" or "tensor"
+        Where each chain's tree is kept. Both give the same transition from the same
+        random numbers, with one batched energy call per tick. ``"tensor"`` keeps the
+        trees in batched tensors (any device, any number of chains, no host read per
+        leapfrog step); ``"host"`` keeps them in Python floats and NumPy rows, a chain at
+        a time (CPU only; several times cheaper per tick for a few chains, see
+        :mod:`hmc.kernels.nuts_host`). ``"auto"`` picks ``"host"`` on the CPU for at most
+        ``HOST_MAX_CHAINS`` chains and ``"tensor"`` otherwise.
 
     Examples
     --------
@@ -177,6 +191,7 @@ class NUTS:
 
     max_tree_depth: int | tuple[int, int] = 10
     max_energy_error: float = 1000.0
+    bookkeeping: str = "auto"
 
     stat_names = NUTSInfo._fields
 
@@ -191,17 +206,27 @@ class NUTS:
             )
         if not self.max_energy_error > 0:
             raise ValueError(f"max_energy_error must be positive, got {self.max_energy_error!r}")
+        if self.bookkeeping not in BOOKKEEPING:
+            raise ValueError(f"bookkeeping must be one of {BOOKKEEPING}, got {self.bookkeeping!r}")
 
     def _depths(self) -> tuple[int, int]:
         depth = self.max_tree_depth
         return tuple(depth) if isinstance(depth, tuple | list) else (depth, depth)
 
     # ------------------------------------------------------------------ driver API
-    def init(self, state: State, num_transitions: int | None = None) -> NUTSState:
+    def init(
+        self, state: State, num_transitions: int | None = None
+    ) -> NUTSState | nuts_host.HostNUTSState:
         """Kernel state for chains at ``state``; each runs ``num_transitions`` (unbounded
         when None) transitions."""
         position = state.position
         chains, dim = position.shape
+        if self.bookkeeping == "host" or (
+            self.bookkeeping == "auto"
+            and position.device.type == "cpu"
+            and chains <= HOST_MAX_CHAINS
+        ):
+            return nuts_host.init(state, num_transitions, self._depths(), self.max_energy_error)
         device = position.device
         levels = max(self._depths())
         zeros_c = torch.zeros(chains, dtype=position.dtype, device=device)
@@ -265,6 +290,8 @@ class NUTS:
         start now. Returns the new kernel state and ``done`` ``(C,)``, the chains whose
         transition ended (their draws and statistics come from :meth:`report`).
         """
+        if isinstance(kernel_state, nuts_host.HostNUTSState):
+            return nuts_host.advance(kernel_state, params, potential, keys, sampling)
         ks = kernel_state
         any_start, any_doubling, _, all_start, all_doubling, all_busy = ks.host
         tree_keys = ks.tree_keys if ks.keys is keys else stream_keys(keys, Stream.TREE)
@@ -323,6 +350,9 @@ class NUTS:
     def report(kernel_state: NUTSState) -> tuple[State, NUTSInfo]:
         """The draws and statistics of the transitions that ended in the last tick
         (valid in the rows of the chains reported ``done``)."""
+        if isinstance(kernel_state, nuts_host.HostNUTSState):
+            state, stats = nuts_host.report(kernel_state)
+            return state, NUTSInfo(**stats)
         traj = kernel_state.trajectory
         n_steps = traj.n_steps
         energy = traj.sample.energy
