@@ -1,16 +1,19 @@
-"""Benchmark: NUTS cost per tick (one leapfrog step of every chain), against another revision.
+"""Benchmark: NUTS cost per tick (one leapfrog step of every chain), both bookkeepings.
 
-Times ``hmc.sample`` with the default NUTS kernel (Stan warmup, 300 + 300 iterations,
-``batched=True``) on the 2-D correlated Gaussian at 1 and 4 chains and on the demo's
-non-centred eight schools at 4 chains, and reports CPU microseconds per tick (process CPU
-time over gradient evaluations per chain). With ``--against REV`` the NUTS kernel of git
-revision ``REV`` (its ``hmc/kernels/nuts.py``, loaded beside the current package) runs in
-the same process, interleaved with the current one, so the ratio is measured side by side;
-the script also checks that both give bit-identical draws.
+Times ``hmc.sample`` with NUTS (Stan warmup, 300 + 300 iterations, ``batched=True``) on
+the 2-D correlated Gaussian at 1 and 4 chains and on the demo's non-centred eight schools
+at 4 and 16 chains, and reports CPU microseconds per tick (process CPU time over gradient
+evaluations per chain) with the trees kept on the host (``NUTS(bookkeeping="host")``) and
+in batched tensors (``bookkeeping="tensor"``), interleaved in one process, against the
+floor: one bare ``torch.autograd.grad`` of the same log density at the same number of
+chains. It also reports how far apart the two bookkeepings' draws are (they run the same
+transitions; sums taken in a different order can differ in the last bits). With
+``--against REV`` the NUTS kernel of git revision ``REV`` (its ``hmc/kernels/nuts.py``,
+loaded beside the current package) runs too.
 
 Run from the repository root::
 
-    python -m benchmarks.nuts_tick --against HEAD~1 --reps 3
+    python -m benchmarks.nuts_tick --reps 3
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ CASES = {
     "gauss2d, 1 chain": (gauss2d, 2, 1),
     "gauss2d, 4 chains": (gauss2d, 2, 4),
     "eight schools, 4 chains": (eight_schools().log_prob, 10, 4),
+    "eight schools, 16 chains": (eight_schools().log_prob, 10, 16),
 }
 
 
@@ -78,6 +82,17 @@ def time_one(kernel, case: str, iterations: int, seed: int) -> tuple[float, np.n
     return seconds / ticks * 1e6, dt["posterior"]["x"].values
 
 
+def floor_us(case: str, calls: int = 500) -> float:
+    """CPU µs of one bare ``torch.autograd.grad`` of the case's log density."""
+    log_prob, dim, chains = CASES[case]
+    q = torch.randn(chains, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    started = time.process_time()
+    for _ in range(calls):
+        x = q.detach().requires_grad_()
+        torch.autograd.grad(log_prob(x).sum(), x)
+    return (time.process_time() - started) / calls * 1e6
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", default=None, help="git revision to compare with")
@@ -85,36 +100,44 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iterations", type=int, default=300, help="warmup = draws = this")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    kernels = {"current": hmc.NUTS()}
+    kernels = {"host": hmc.NUTS(bookkeeping="host"), "tensor": hmc.NUTS(bookkeeping="tensor")}
     if args.against:
         kernels[args.against] = kernel_at(args.against)()
+    labels = list(kernels)
     times: dict[tuple[str, str], list[float]] = {}
-    identical = True
+    gaps: dict[str, float] = {}
     for rep in range(args.reps):
         for case in CASES:
-            draws = []
-            order = list(kernels.items())[:: -1 if rep % 2 else 1]  # alternate who goes first
-            for label, kernel in order:
-                us, x = time_one(kernel, case, args.iterations, seed=rep)
+            draws = {}
+            order = labels[::-1] if rep % 2 else labels  # alternate who goes first
+            for label in order:
+                us, draws[label] = time_one(kernels[label], case, args.iterations, seed=rep)
                 times.setdefault((case, label), []).append(us)
-                draws.append(x)
-            identical &= all(np.array_equal(draws[0], x) for x in draws[1:])
+            times.setdefault((case, "floor"), []).append(floor_us(case))
+            gap = float(np.abs(draws["host"] - draws["tensor"]).max())
+            gaps[case] = max(gaps.get(case, 0.0), gap)
     info = {**machine(), "torch": torch.__version__}
     print(
         f"Machine: {', '.join(f'{k} {v}' for k, v in info.items())}. CPU µs per tick, medians "
         f"of {args.reps} interleaved runs (alternating order), "
-        f"{args.iterations} + {args.iterations} iterations.\n"
+        f"{args.iterations} + {args.iterations} iterations; floor: one bare autograd.grad "
+        "at the same number of chains.\n"
     )
-    labels = list(kernels)
-    header = "| case | " + " | ".join(f"{label} (µs / tick)" for label in labels)
-    print(header + (" | ratio |" if len(labels) > 1 else " |"))
-    print("|---" * (len(labels) + 1 + (len(labels) > 1)) + "|")
+    columns = [*labels, "floor"]
+    print(
+        "| case | "
+        + " | ".join(f"{c} (µs)" for c in columns)
+        + " | tensor / host | host / floor | max |host - tensor| draw |"
+    )
+    print("|---" * (len(columns) + 4) + "|")
     for case in CASES:
-        medians = [statistics.median(times[(case, label)]) for label in labels]
-        ratio = f" | {medians[1] / medians[0]:.2f}" if len(labels) > 1 else ""
-        print(f"| {case} | " + " | ".join(f"{m:.0f}" for m in medians) + ratio + " |")
-    if len(labels) > 1:
-        print(f"\nDraws bit-identical between the two kernels: {identical}.")
+        m = {c: statistics.median(times[(case, c)]) for c in columns}
+        print(
+            f"| {case} | "
+            + " | ".join(f"{m[c]:.0f}" for c in columns)
+            + f" | {m['tensor'] / m['host']:.2f} | {m['host'] / m['floor']:.2f} "
+            f"| {gaps[case]:.1e} |"
+        )
 
 
 if __name__ == "__main__":

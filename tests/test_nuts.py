@@ -160,23 +160,26 @@ def test_same_seed_same_draws_and_different_seeds_differ():
     assert not np.array_equal(a["posterior"]["x"].values, c["posterior"]["x"].values)
 
 
-def test_chain_draws_do_not_depend_on_other_chains():
+@pytest.mark.parametrize("bookkeeping", ["host", "tensor"])
+def test_chain_draws_do_not_depend_on_other_chains(bookkeeping):
     """On an elementwise target, chain c's draws are identical whether the run has 1 chain
     or 8 (the random streams are per chain and the chains are asynchronous)."""
     target = diagonal_gaussian_log_prob(np.zeros(4), np.array([0.5, 1.0, 2.0, 4.0]))
-    one = run(target, 4, chains=1, warmup=150, draws=60, seed=11)
-    eight = run(target, 4, chains=8, warmup=150, draws=60, seed=11)
+    kernel = hmc.NUTS(bookkeeping=bookkeeping)
+    one = run(target, 4, chains=1, warmup=150, draws=60, seed=11, kernel=kernel)
+    eight = run(target, 4, chains=8, warmup=150, draws=60, seed=11, kernel=kernel)
     assert np.array_equal(one["posterior"]["x"].values[0], eight["posterior"]["x"].values[0])
     assert np.array_equal(
         one["sample_stats"]["n_steps"].values[0], eight["sample_stats"]["n_steps"].values[0]
     )
 
 
-def test_warmup_depth_cap_pair_and_utilization():
+@pytest.mark.parametrize("bookkeeping", ["host", "tensor"])
+def test_warmup_depth_cap_pair_and_utilization(bookkeeping):
     dt = run(
         standard_normal,
         5,
-        kernel=hmc.NUTS(max_tree_depth=(2, 10)),
+        kernel=hmc.NUTS(max_tree_depth=(2, 10), bookkeeping=bookkeeping),
         warmup=50,
         draws=50,
         save_warmup=True,
@@ -185,3 +188,45 @@ def test_warmup_depth_cap_pair_and_utilization():
     assert dt["warmup_sample_stats"]["tree_depth"].values.max() <= 2
     assert stats(dt, "tree_depth").max() > 2 or stats(dt, "n_steps").max() > 3
     assert dt.attrs["chain_utilization"] > 0.9
+
+
+# ---------------------------------------------------------------------- bookkeeping
+def test_host_and_tensor_bookkeeping_give_the_same_run():
+    """The two places to keep the trees run the same transitions from the same random
+    numbers, warmup and recording included: same tree sizes, depths and divergences, and
+    draws equal up to the rounding of sums done in a different order."""
+    target = diagonal_gaussian_log_prob(np.zeros(5), np.array([0.1, 0.5, 1.0, 2.0, 10.0]))
+    runs = [
+        run(target, 5, warmup=150, draws=100, seed=4, kernel=hmc.NUTS(bookkeeping=b))
+        for b in ("host", "tensor")
+    ]
+    host, tensor = runs
+    for name in ("n_steps", "tree_depth", "diverging", "reached_max_treedepth"):
+        assert np.array_equal(stats(host, name), stats(tensor, name)), name
+    for name in ("acceptance_rate", "energy", "step_size", "lp"):
+        np.testing.assert_allclose(stats(host, name), stats(tensor, name), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        host["posterior"]["x"].values, tensor["posterior"]["x"].values, rtol=1e-9, atol=1e-12
+    )
+    assert host.attrs["n_gradient_evaluations"] == tensor.attrs["n_gradient_evaluations"]
+    assert abs(host.attrs["chain_utilization"] - tensor.attrs["chain_utilization"]) < 1e-12
+
+
+def test_auto_bookkeeping_keeps_trees_on_the_host_for_few_cpu_chains():
+    from hmc.kernels.nuts import HOST_MAX_CHAINS, NUTSState
+    from hmc.kernels.nuts_host import HostNUTSState
+
+    def state(chains, device="cpu"):
+        q = torch.zeros(chains, 3, dtype=torch.float64, device=device)
+        return hmc.State(q, torch.zeros(chains, dtype=torch.float64, device=device), q)
+
+    kernel = hmc.NUTS()
+    assert isinstance(kernel.init(state(HOST_MAX_CHAINS)), HostNUTSState)
+    assert isinstance(kernel.init(state(HOST_MAX_CHAINS + 1)), NUTSState)
+    assert isinstance(hmc.NUTS(bookkeeping="tensor").init(state(2)), NUTSState)
+    assert isinstance(hmc.NUTS(bookkeeping="host").init(state(100)), HostNUTSState)
+    assert isinstance(kernel.init(state(2, "meta")), NUTSState)
+    with pytest.raises(ValueError, match="needs CPU tensors"):
+        hmc.NUTS(bookkeeping="host").init(state(2, "meta"))
+    with pytest.raises(ValueError, match="bookkeeping must be one of"):
+        hmc.NUTS(bookkeeping="gpu")

@@ -17,6 +17,11 @@ merge) are evaluated for all levels at once with cumulative sums over the stack.
 whose transition ends reports its draw and starts its next transition at the next tick, so
 no chain waits for another's tree. Memory is ``O(C x max_tree_depth x D)``.
 
+This module keeps the trees in batched tensors (``bookkeeping="tensor"``: any device, any
+number of chains, one host read per tick). For a few chains on the CPU,
+:mod:`hmc.kernels.nuts_host` keeps them in Python floats and NumPy rows instead, which costs
+far less per tick there; ``bookkeeping="auto"`` picks between the two.
+
 Random numbers. Chain ``c``'s momentum for its transition ``t`` and the uniforms of that
 transition (one per doubling for the direction, one per subtree merge in the recursion's
 post-order, one per top-level merge) come from ``(seed, c, t)`` and their position in that
