@@ -9,11 +9,14 @@ floor: one bare ``torch.autograd.grad`` of the same log density at the same numb
 chains. It also reports how far apart the two bookkeepings' draws are (they run the same
 transitions; sums taken in a different order can differ in the last bits). With
 ``--against REV`` the NUTS kernel of git revision ``REV`` (its ``hmc/kernels/nuts.py``,
-loaded beside the current package) runs too.
+loaded beside the current package) runs too. ``--crossover`` instead times both
+bookkeepings at 16 to 256 chains (100 + 100 iterations, one run each), to place
+``HOST_MAX_CHAINS``.
 
 Run from the repository root::
 
     python -m benchmarks.nuts_tick --reps 3
+    python -m benchmarks.nuts_tick --crossover
 """
 
 from __future__ import annotations
@@ -69,9 +72,9 @@ def kernel_at(revision: str) -> type:
     return module.NUTS
 
 
-def time_one(kernel, case: str, iterations: int, seed: int) -> tuple[float, np.ndarray]:
-    """(CPU µs per tick, draws) of one run."""
-    log_prob, dim, chains = CASES[case]
+def time_one(kernel, case: tuple, iterations: int, seed: int) -> tuple[float, np.ndarray]:
+    """(CPU µs per tick, draws) of one run of a ``(log_prob, dim, chains)`` case."""
+    log_prob, dim, chains = case
     started = time.process_time()
     dt = hmc.sample(
         log_prob, dim=dim, chains=chains, warmup=iterations, draws=iterations, seed=seed,
@@ -93,13 +96,38 @@ def floor_us(case: str, calls: int = 500) -> float:
     return (time.process_time() - started) / calls * 1e6
 
 
+def crossover(iterations: int = 100) -> None:
+    """CPU µs per tick of both bookkeepings at 16-256 chains (one run each)."""
+    print("| target | chains | tensor (µs / tick) | host (µs / tick) | tensor / host |")
+    print("|---|---|---|---|---|")
+    for name, (log_prob, dim) in {
+        "gauss2d": (gauss2d, 2),
+        "eight schools": (eight_schools().log_prob, 10),
+    }.items():
+        for chains in (16, 32, 64, 128, 256):
+            case = (log_prob, dim, chains)
+            us = {
+                b: time_one(hmc.NUTS(bookkeeping=b), case, iterations, seed=3)[0]
+                for b in ("tensor", "host")
+            }
+            print(
+                f"| {name} | {chains} | {us['tensor']:.0f} | {us['host']:.0f} | "
+                f"{us['tensor'] / us['host']:.2f} |",
+                flush=True,
+            )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", default=None, help="git revision to compare with")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=300, help="warmup = draws = this")
+    parser.add_argument("--crossover", action="store_true", help="16-256 chains, both ways")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.crossover:
+        crossover()
+        return
     kernels = {"host": hmc.NUTS(bookkeeping="host"), "tensor": hmc.NUTS(bookkeeping="tensor")}
     if args.against:
         kernels[args.against] = kernel_at(args.against)()
@@ -111,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
             draws = {}
             order = labels[::-1] if rep % 2 else labels  # alternate who goes first
             for label in order:
-                us, draws[label] = time_one(kernels[label], case, args.iterations, seed=rep)
+                us, draws[label] = time_one(kernels[label], CASES[case], args.iterations, seed=rep)
                 times.setdefault((case, label), []).append(us)
             times.setdefault((case, "floor"), []).append(floor_us(case))
             gap = float(np.abs(draws["host"] - draws["tensor"]).max())

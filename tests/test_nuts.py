@@ -230,3 +230,36 @@ def test_auto_bookkeeping_keeps_trees_on_the_host_for_few_cpu_chains():
         hmc.NUTS(bookkeeping="host").init(state(2, "meta"))
     with pytest.raises(ValueError, match="bookkeeping must be one of"):
         hmc.NUTS(bookkeeping="gpu")
+
+
+def test_host_trees_own_their_vectors():
+    """Every vector a host-kept tree holds is its own (D,) array, not a row view that would
+    keep a whole tick's (B, D) batch alive (memory stays O(C x depth x D))."""
+    from hmc.kernels.base import Params
+    from hmc.metric import metric_from_inverse
+    from hmc.random import chain_keys
+
+    chains, dim = 4, 3
+    potential = hmc.Potential(standard_normal, batched=True)
+    q = torch.randn(chains, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    U, g = potential.value_and_grad(q)
+    kernel = hmc.NUTS(bookkeeping="host")
+    ks = kernel.init(hmc.State(q, U, g))
+    params = Params(
+        torch.full((chains,), 0.05, dtype=torch.float64),
+        metric_from_inverse(torch.ones(chains, dim, dtype=torch.float64)),
+    )
+    keys = chain_keys(0, torch.arange(chains))
+    sampling = torch.ones(chains, dtype=torch.bool)
+    for _ in range(40):  # deep trees at this step size: stacks several levels high
+        ks, _ = kernel.advance(ks, params, potential, keys, sampling)
+    arrays = []
+    for chain in ks.chains:
+        records = [chain.edge, chain.other, chain.sample, *filter(None, chain.stack)]
+        for record in records:
+            for item in record:
+                arrays += item if isinstance(item, tuple) else [item]
+        arrays += [chain.near_p, chain.near_v, chain.other_v, chain.rho]
+    vectors = [a for a in arrays if isinstance(a, np.ndarray)]
+    assert len(vectors) > 20 * chains
+    assert all(a.shape == (dim,) and a.base is None for a in vectors)

@@ -8,9 +8,9 @@ by one leapfrog step with one batched energy call. What differs is where the tre
 the batched bookkeeping keeps it in tensors and pays the dispatch cost of a few hundred
 small tensor operations per tick, a millisecond or more on a CPU whatever the number of
 chains; here each chain's tree is a record of Python floats and NumPy rows, and a leaf
-costs a chain tens of microseconds of interpreter time. Below a few dozen chains on the
-CPU that is several times cheaper per tick (``benchmarks/RESULTS.md``), so ``NUTS`` uses
-it there by default (see ``NUTS.bookkeeping``).
+costs a chain about 20 microseconds of interpreter time. For a few dozen chains on the CPU
+that is several times cheaper per tick (2-4x at 1-16 chains, ``benchmarks/RESULTS.md``),
+so ``NUTS`` uses it there by default (see ``NUTS.bookkeeping``).
 
 Per tick: the chains that start a transition draw their momenta in one batched call; the
 chains that begin a doubling draw its direction and turn to that end; the busy chains'
@@ -19,8 +19,8 @@ edges are stacked into ``(B, D)`` tensors and take one leapfrog step, with the e
 tree: the sub-subtrees the leaf closes are merged one level at a time (Stan's
 ``build_tree`` unrolled over the trailing one-bits of the leaf's index, with a stack of
 completed left halves, one per level) and a completed doubling merges into the
-trajectory. Memory: each chain holds at most ``max_tree_depth`` stored halves whose
-vectors are rows of that tick's ``(B, D)`` arrays.
+trajectory. Every vector a chain keeps is its own ``(D,)`` copy (never a view that would
+keep a whole tick's ``(B, D)`` array alive), so memory is ``O(C x max_tree_depth x D)``.
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def init(
     potentials = state.potential.tolist()
     limit = num_transitions if num_transitions is not None else 2**62
     chains = [
-        _Chain((q[c], potentials[c], g[c], 0.0), limit, max(depths)) for c in range(q.shape[0])
+        _Chain((q[c].copy(), potentials[c], g[c].copy(), 0.0), limit, max(depths))
+        for c in range(q.shape[0])
     ]
     return HostNUTSState(chains, state.position.dtype, depths, max_energy_error)
 
@@ -177,7 +178,7 @@ def advance(
     finished = []
     for i, c in enumerate(busy):
         chain = chains[c]
-        leaf = (q[i], U[i], g[i], p[i], v[i])
+        leaf = (q[i].copy(), U[i], g[i].copy(), p[i].copy(), v[i].copy())
         if _add_leaf(chain, leaf, H[i], max_energy_error, ks.tree_keys[c]):
             chain.transition += 1
             chain.in_flight = False
@@ -255,10 +256,10 @@ def _start(ks: HostNUTSState, params: Params, keys: torch.Tensor, sampling: torc
         chain = chains[c]
         q, U, g, _ = chain.sample
         energy = U + kinetic[c]
-        point = (q, U, g, momentum[c], velocity[c])
+        point = (q, U, g, momentum[c].copy(), velocity[c].copy())
         chain.start_energy = energy
         chain.edge = chain.other = point
-        chain.rho = momentum[c]
+        chain.rho = point[3]
         chain.log_weight = 0.0
         chain.sample = (q, U, g, energy)
         chain.depth = chain.leaf = chain.n_steps = 0
