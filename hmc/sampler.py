@@ -4,7 +4,8 @@ and sampling for all chains at once, and returns an ArviZ ``DataTree``.
 Each chain iterates on its own counter: a chain that finishes a transition is recorded,
 adapted (during its own warmup) and moved on, whatever the other chains are doing. The loop
 reads a few counters from the device once per kernel call, never per leapfrog step; a
-kernel that moves all chains in lockstep (static HMC) runs from host counters alone.
+kernel that moves all chains in lockstep (static HMC), or that reports on the host which
+chains finished (NUTS with its trees on the host), runs from host counters alone.
 """
 
 from __future__ import annotations

@@ -55,7 +55,10 @@ class Kernel(Protocol):
         (one host read per call) and hands them back through ``with_host_flags``. A kernel
         with a true ``synchronous`` attribute promises that every call completes one
         transition of every chain with transitions left (as static HMC does), and the
-        driver then keeps its counters on the host.
+        driver then keeps its counters on the host. A kernel whose state knows on the host
+        which chains finished (NUTS with its trees on the host) exposes them as a list
+        ``host_done`` and the number of chains that moved as ``host_busy``; the driver then
+        reads nothing from the device.
         """
         ...
 
