@@ -204,10 +204,13 @@ def markdown(records: dict[str, dict[str, Any]]) -> str:
         "95 % quantiles (information only). ESS: smallest bulk / tail ESS. R-hat: largest "
         "rank-normalised split R-hat.",
         f"- Pass: every mean |z| below the bound and every sd within {SD_TOLERANCE:.0%}.",
+        "- finished: when the run ended (UTC). Runs finished before 2026-12-04 05:00 kept "
+        "NUTS's trees in batched tensors; later ones (4 chains on the CPU) keep them on the "
+        "host: the same transition, see `hmc.NUTS`'s `bookkeeping`.",
         "",
         "| posterior | dim | max \\|z\\| (bound) | sd err | q \\|z\\| | min ESS bulk / tail "
-        "| max R-hat | divergences | grad evals | wall / CPU s | pass | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| max R-hat | divergences | grad evals | wall / CPU s | finished | pass | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     passed_count = 0
     default_runs = {r["posterior"] for r in records.values() if r["posterior"] == row_name(r)}
@@ -225,6 +228,7 @@ def markdown(records: dict[str, dict[str, Any]]) -> str:
             f"| {max(c.rhat for c in checks):.3f} | {record['divergences']} "
             f"| {record['gradient_evaluations']:,} "
             f"| {record['wall_s']:.0f} / {record['cpu_s']:.0f} "
+            f"| {record.get('finished', '')[:16].replace('T', ' ')} "
             f"| {'pass' if passed else 'FAIL'} | {note.replace('|', r'\|')} |"
         )
     missing = [n for n in hmc.models.names() if n not in default_runs]
