@@ -10,7 +10,10 @@ small tensor operations per tick, a millisecond or more on a CPU whatever the nu
 chains; here each chain's tree is a record of Python floats and NumPy rows, and a leaf
 costs a chain about 20 microseconds of interpreter time. For a few dozen chains on the CPU
 that is several times cheaper per tick (2-4x at 1-16 chains, ``benchmarks/RESULTS.md``),
-so ``NUTS`` uses it there by default (see ``NUTS.bookkeeping``).
+so ``NUTS`` uses it there by default (see ``NUTS.bookkeeping``). It runs on the CPU only:
+there a tensor is already in host memory, so its per-tick reads (``.numpy()``,
+``.tolist()``) are not device round trips; on accelerators the batched bookkeeping keeps
+the one-host-read-per-tick rule.
 
 Per tick: the chains that start a transition draw their momenta in one batched call; the
 chains that begin a doubling draw its direction and turn to that end; the busy chains'
