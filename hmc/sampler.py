@@ -290,7 +290,9 @@ class _Loop(NamedTuple):
         utilization = useful / slots if slots else 1.0
         return params, {"warmup": warmup_seconds, "utilization": utilization}
 
-    def _read_counts(self, kernel_state, done, iteration, total: int):
+    def _read_counts(
+        self, kernel_state, done: torch.Tensor, iteration: torch.Tensor, total: int
+    ) -> tuple[Any, _Counts]:
         """The loop's counters after a call, read from the device in one go (with the
         kernel's own flags, handed back to it)."""
         advanced = iteration + done.to(iteration.dtype)
@@ -316,8 +318,13 @@ class _Loop(NamedTuple):
         return kernel_state, _Counts(*values[:7])
 
     def _host_counts(
-        self, kernel_state, finished: list[int], iteration: np.ndarray, before, total: int
-    ):
+        self,
+        kernel_state,
+        finished: list[int],
+        iteration: np.ndarray,
+        before: _Counts,
+        total: int,
+    ) -> _Counts:
         """The loop's counters after a call of a kernel that reports its finished chains
         on the host; ``iteration`` (host copy) is advanced in place."""
         alive = int((iteration < total).sum())

@@ -47,7 +47,7 @@ from hmc.state import State, put_rows, take_rows, where_rows
 
 __all__ = ["NUTS", "NUTSInfo", "NUTSState"]
 
-_TREE_DRAWS = 1 << 32  # uniforms reserved per transition in the TREE stream
+_TREE_DRAWS = 1 << nuts_host.TREE_DRAWS_BITS  # uniforms per transition (TREE stream)
 
 #: ``bookkeeping="auto"`` keeps the trees on the host for CPU runs of at most this many
 #: chains (measured crossover in ``benchmarks/RESULTS.md``)

@@ -41,7 +41,7 @@ from hmc.state import State, take_rows
 
 __all__ = ["HostNUTSState", "advance", "init", "report"]
 
-_TREE_DRAWS_BITS = 32  # uniforms reserved per transition in the TREE stream: 2**32
+TREE_DRAWS_BITS = 32  # each transition owns 2**32 uniforms of its chain's TREE stream
 _NOISE_BLOCK = 64  # transitions whose momentum noise a chain draws at once
 
 
@@ -268,7 +268,7 @@ def _start(ks: HostNUTSState, params: Params, keys: torch.Tensor, sampling: torc
         chain.depth = chain.leaf = chain.n_steps = 0
         chain.sum_accept = chain.max_error = 0.0
         chain.diverging = False
-        chain.next_uniform = chain.transition << _TREE_DRAWS_BITS
+        chain.next_uniform = chain.transition << TREE_DRAWS_BITS
         chain.max_depth = sample_depth if in_sampling[c] else warm_depth
         chain.in_flight, chain.starting = True, False
 
