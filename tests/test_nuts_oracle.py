@@ -160,3 +160,27 @@ def test_oracle_cases_cover_divergence_and_max_depth():
     assert any(i["diverging"] for i in infos)
     assert any(i["reached_max_treedepth"] for i in infos)
     assert any(not i["diverging"] and not i["reached_max_treedepth"] for i in infos)
+
+
+@pytest.mark.parametrize("bookkeeping", ["tensor", "host"])
+def test_matches_oracle_where_the_checks_within_subtrees_matter(bookkeeping):
+    """2-D scaled Gaussian, step sizes 0.1..0.5, 1024 chains: 6 of these transitions end
+    on a merge's check from the last point of the left half across the right half, and on
+    no other check; without that check they take 2-4 more leapfrog steps (both
+    bookkeepings). The random cases above meet such a transition about once in 900."""
+    chains, dim = 1024, 2
+    log_prob = gaussian(torch.tensor([0.1, 3.0], dtype=torch.float64))
+    gen = torch.Generator().manual_seed(0)
+    q0 = torch.randn(chains, dim, generator=gen, dtype=torch.float64)
+    step = torch.exp(
+        torch.empty(chains, dtype=torch.float64).uniform_(
+            math.log(0.1), math.log(0.5), generator=gen
+        )
+    )
+    inverse = torch.exp(torch.randn(chains, dim, generator=gen, dtype=torch.float64) * 0.5)
+    fast, keys, _ = run_fast(hmc.NUTS(bookkeeping=bookkeeping), log_prob, q0, step, inverse, seed=7)
+    for c in range(chains):
+        expected = run_oracle(log_prob, q0[c], step[c].item(), inverse[c], keys[c], 10)
+        q, info = fast[c]
+        assert (info["n_steps"], info["tree_depth"]) == (expected.n_leapfrog, expected.depth), c
+        torch.testing.assert_close(q, expected.q, rtol=1e-9, atol=1e-12)
