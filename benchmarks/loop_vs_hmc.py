@@ -206,6 +206,17 @@ def breakdown(reps: int = 5, calls: int = 3000) -> list[tuple[str, float]]:
         (gr,) = torch.autograd.grad(energy(x), x)
         return pp - 0.5 * STEP_SIZE * gr
 
+    q_np, p_np, g_np = INIT.numpy().copy(), p[0].numpy().copy(), g[0].numpy().copy()
+
+    def numpy_step():
+        """A leapfrog step with NumPy kicks and drift around the least a package taking
+        ``log_prob`` must run per step (negate it, one ``autograd.grad``): no finiteness
+        check, no batch axis, no statistics."""
+        pp = p_np - 0.5 * STEP_SIZE * g_np
+        x = torch.from_numpy(q_np + STEP_SIZE * pp).requires_grad_()
+        (gr,) = torch.autograd.grad(log_prob(x).neg(), x)
+        return pp - 0.5 * STEP_SIZE * gr.numpy()
+
     def batch_grad():
         x = q2.detach().requires_grad_()
         lp = log_prob(x[0]).unsqueeze(0)
@@ -229,6 +240,10 @@ def breakdown(reps: int = 5, calls: int = 3000) -> list[tuple[str, float]]:
     layers = {
         "floor: detach + requires_grad + energy + autograd.grad": (floor_grad, 1),
         "floor leapfrog step (loop-grad's inner loop body)": (floor_step, 1),
+        "NumPy leapfrog step around log_prob(x).neg() and autograd.grad, no checks": (
+            numpy_step,
+            1,
+        ),
         "(1,2) batch, .unsqueeze, .sum, grad_outputs=-1": (batch_grad, 1),
         "finiteness check: two .item() reads": (finite_check, 1),
         "hmc.Potential.value_and_grad (1 chain)": (potential_call, 1),
