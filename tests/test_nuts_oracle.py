@@ -94,30 +94,25 @@ TARGETS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(TARGETS))
-@pytest.mark.parametrize("max_depth", [4, 10])
-@pytest.mark.parametrize("dense", [False, True])
-@pytest.mark.parametrize("bookkeeping", ["tensor", "host"])
-def test_iterative_kernel_matches_recursive_oracle(name, max_depth, dense, bookkeeping):
-    log_prob, dim = TARGETS[name]
-    # seeded from the case's name: the same cases in every process (hash() of a str is salted)
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{name} {max_depth} {dense}".encode()))
-    chains = 24
+def random_cases(gen, chains, dim, step_range, dense=False):
+    """Starting points ``(C, D)``, log-uniform step sizes in ``step_range`` ``(C,)`` and
+    random inverse metrics (diagonal ``(C, D)`` or dense ``(C, D, D)``), from ``gen``."""
     q0 = torch.randn(chains, dim, generator=gen, dtype=torch.float64)
-    # step sizes from 0.01 (long trees, max depth) to 30 (divergent)
-    step = torch.exp(
-        torch.empty(chains, dtype=torch.float64).uniform_(
-            math.log(0.01), math.log(30.0), generator=gen
-        )
-    )
+    low, high = (math.log(x) for x in step_range)
+    step = torch.exp(torch.empty(chains, dtype=torch.float64).uniform_(low, high, generator=gen))
     if dense:
         a = torch.randn(chains, dim, dim, generator=gen, dtype=torch.float64) * 0.3
         inverse = a @ a.mT + torch.eye(dim, dtype=torch.float64)
     else:
         inverse = torch.exp(torch.randn(chains, dim, generator=gen, dtype=torch.float64) * 0.5)
-    kernel = hmc.NUTS(max_tree_depth=max_depth, bookkeeping=bookkeeping)
-    fast, keys, _ = run_fast(kernel, log_prob, q0, step, inverse, seed=7)
-    for c in range(chains):
+    return q0, step, inverse
+
+
+def assert_matches_oracle(kernel, log_prob, q0, step, inverse, seed, max_depth=10):
+    """Every chain's transition equals the oracle's: tree size, depth, flags, the selected
+    point, the acceptance statistic and the energy. Returns the kernel's per-chain info."""
+    fast, keys, _ = run_fast(kernel, log_prob, q0, step, inverse, seed=seed)
+    for c in range(q0.shape[0]):
         expected = run_oracle(log_prob, q0[c], step[c].item(), inverse[c], keys[c], max_depth)
         q, info = fast[c]
         assert info["n_steps"] == expected.n_leapfrog, c
@@ -127,6 +122,21 @@ def test_iterative_kernel_matches_recursive_oracle(name, max_depth, dense, bookk
         torch.testing.assert_close(q, expected.q, rtol=1e-9, atol=1e-12)
         assert info["acceptance_rate"] == pytest.approx(expected.accept_stat, rel=1e-9)
         assert info["energy"] == pytest.approx(expected.energy, rel=1e-9, abs=1e-12)
+    return [fast[c][1] for c in range(q0.shape[0])]
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+@pytest.mark.parametrize("max_depth", [4, 10])
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("bookkeeping", ["tensor", "host"])
+def test_iterative_kernel_matches_recursive_oracle(name, max_depth, dense, bookkeeping):
+    log_prob, dim = TARGETS[name]
+    # seeded from the case's name: the same cases in every process (hash() of a str is salted)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{name} {max_depth} {dense}".encode()))
+    # step sizes from 0.01 (long trees, max depth) to 30 (divergent)
+    q0, step, inverse = random_cases(gen, 24, dim, (0.01, 30.0), dense)
+    kernel = hmc.NUTS(max_tree_depth=max_depth, bookkeeping=bookkeeping)
+    assert_matches_oracle(kernel, log_prob, q0, step, inverse, seed=7, max_depth=max_depth)
 
 
 @pytest.mark.parametrize("bookkeeping", ["tensor", "host"])
@@ -139,13 +149,19 @@ def test_matches_oracle_where_the_checks_across_subtrees_matter(bookkeeping):
     step = torch.linspace(0.3, 1.5, chains, dtype=torch.float64)
     inverse = torch.ones(chains, dim, dtype=torch.float64)
     kernel = hmc.NUTS(bookkeeping=bookkeeping)
-    fast, keys, _ = run_fast(kernel, log_prob, q0, step, inverse, seed=3)
-    for c in range(chains):
-        expected = run_oracle(log_prob, q0[c], step[c].item(), inverse[c], keys[c], 10)
-        q, info = fast[c]
-        assert (info["n_steps"], info["tree_depth"]) == (expected.n_leapfrog, expected.depth)
-        assert info["tree_depth"] <= 4
-        torch.testing.assert_close(q, expected.q, rtol=1e-9, atol=1e-12)
+    infos = assert_matches_oracle(kernel, log_prob, q0, step, inverse, seed=3)
+    assert all(info["tree_depth"] <= 4 for info in infos)
+
+
+@pytest.mark.parametrize("bookkeeping", ["tensor", "host"])
+def test_matches_oracle_where_the_checks_within_subtrees_matter(bookkeeping):
+    """2-D scaled Gaussian, step sizes 0.1..0.5, 1024 chains: 6 of these transitions end
+    on a merge's check from the last point of the left half across the right half, and on
+    no other check; without that check they take 2-4 more leapfrog steps (both
+    bookkeepings). The random cases above meet such a transition about once in 900."""
+    log_prob = gaussian(torch.tensor([0.1, 3.0], dtype=torch.float64))
+    q0, step, inverse = random_cases(torch.Generator().manual_seed(0), 1024, 2, (0.1, 0.5))
+    assert_matches_oracle(hmc.NUTS(bookkeeping=bookkeeping), log_prob, q0, step, inverse, seed=7)
 
 
 def test_oracle_cases_cover_divergence_and_max_depth():
@@ -160,27 +176,3 @@ def test_oracle_cases_cover_divergence_and_max_depth():
     assert any(i["diverging"] for i in infos)
     assert any(i["reached_max_treedepth"] for i in infos)
     assert any(not i["diverging"] and not i["reached_max_treedepth"] for i in infos)
-
-
-@pytest.mark.parametrize("bookkeeping", ["tensor", "host"])
-def test_matches_oracle_where_the_checks_within_subtrees_matter(bookkeeping):
-    """2-D scaled Gaussian, step sizes 0.1..0.5, 1024 chains: 6 of these transitions end
-    on a merge's check from the last point of the left half across the right half, and on
-    no other check; without that check they take 2-4 more leapfrog steps (both
-    bookkeepings). The random cases above meet such a transition about once in 900."""
-    chains, dim = 1024, 2
-    log_prob = gaussian(torch.tensor([0.1, 3.0], dtype=torch.float64))
-    gen = torch.Generator().manual_seed(0)
-    q0 = torch.randn(chains, dim, generator=gen, dtype=torch.float64)
-    step = torch.exp(
-        torch.empty(chains, dtype=torch.float64).uniform_(
-            math.log(0.1), math.log(0.5), generator=gen
-        )
-    )
-    inverse = torch.exp(torch.randn(chains, dim, generator=gen, dtype=torch.float64) * 0.5)
-    fast, keys, _ = run_fast(hmc.NUTS(bookkeeping=bookkeeping), log_prob, q0, step, inverse, seed=7)
-    for c in range(chains):
-        expected = run_oracle(log_prob, q0[c], step[c].item(), inverse[c], keys[c], 10)
-        q, info = fast[c]
-        assert (info["n_steps"], info["tree_depth"]) == (expected.n_leapfrog, expected.depth), c
-        torch.testing.assert_close(q, expected.q, rtol=1e-9, atol=1e-12)
