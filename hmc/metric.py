@@ -10,9 +10,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-__all__ = ["DenseMetric", "DiagonalMetric", "Metric", "metric_from_inverse", "no_u_turn"]
+__all__ = [
+    "DenseMetric",
+    "DiagonalMetric",
+    "Metric",
+    "metric_from_inverse",
+    "no_u_turn",
+    "to_numpy",
+]
 
 
 class DiagonalMetric(NamedTuple):
@@ -41,13 +49,16 @@ class DenseMetric(NamedTuple):
     cholesky: torch.Tensor
 
     def velocity(self, p: torch.Tensor) -> torch.Tensor:
-        return (self.inverse @ p.unsqueeze(-1)).squeeze(-1)
+        return (self.inverse @ p[..., None])[..., 0]
 
     def kinetic_energy(self, p: torch.Tensor) -> torch.Tensor:
         return 0.5 * (p * self.velocity(p)).sum(-1)
 
     def momentum(self, noise: torch.Tensor) -> torch.Tensor:
         # inverse = L L^T, so M = L^-T L^-1 and p = L^-T z has covariance M.
+        if isinstance(noise, np.ndarray):
+            upper = np.swapaxes(self.cholesky, -1, -2)
+            return np.linalg.solve(upper, noise[..., None])[..., 0]
         solved = torch.linalg.solve_triangular(self.cholesky.mT, noise.unsqueeze(-1), upper=True)
         return solved.squeeze(-1)
 
@@ -62,6 +73,12 @@ def metric_from_inverse(inverse: torch.Tensor) -> Metric:
     if inverse.dim() == 3:
         return DenseMetric(inverse, torch.linalg.cholesky(inverse))
     raise ValueError(f"inverse metric must be (C, D) or (C, D, D), got {tuple(inverse.shape)}")
+
+
+def to_numpy(metric: Metric) -> Metric:
+    """The same metric with NumPy fields (CPU), for chains kept on the host: its methods
+    then take and return NumPy arrays."""
+    return type(metric)(*(field.numpy() for field in metric))
 
 
 def no_u_turn(

@@ -17,11 +17,11 @@ by row and the rows that raise get ``U = +inf`` too (with one warning naming the
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from hmc.memo import MemoCache
@@ -31,15 +31,24 @@ __all__ = ["Potential"]
 LogProb = Callable[[torch.Tensor], torch.Tensor]
 
 
-@contextlib.contextmanager
-def _distribution_validation_off() -> Iterator[None]:
-    """Turn off ``torch.distributions`` argument checks (they fail badly under vmap)."""
-    previous = torch.distributions.Distribution._validate_args
-    torch.distributions.Distribution.set_default_validate_args(False)
-    try:
-        yield
-    finally:
-        torch.distributions.Distribution.set_default_validate_args(previous)
+class _distribution_validation_off:  # used like a function: ``with ...():``
+    """Turn off ``torch.distributions`` argument checks for a block (they fail badly under
+    vmap), and back on after it.
+
+    Setting a class attribute invalidates the attribute caches of every subclass (about
+    ten microseconds for ``Distribution``'s), so when the checks are already off nothing
+    is set: the sampler turns them off once around a whole run, and each evaluation's
+    guard then costs a read.
+    """
+
+    def __enter__(self) -> None:
+        self.was_on = torch.distributions.Distribution._validate_args
+        if self.was_on:
+            torch.distributions.Distribution.set_default_validate_args(False)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.was_on:
+            torch.distributions.Distribution.set_default_validate_args(True)
 
 
 class Potential:
@@ -108,6 +117,37 @@ class Potential:
         if self.cache is None:
             return self._evaluate(q)
         return self._evaluate_cached(q)
+
+    def value_and_grad_numpy(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`value_and_grad` for NumPy positions ``q`` ``(C, D)``, returning NumPy
+        ``U`` ``(C,)`` and ``grad`` ``(C, D)``: the entry point of the kernels that keep
+        a few CPU chains on the host.
+
+        The contract is the same (one run of ``log_prob``, one ``autograd.grad``, counted;
+        ``U = +inf`` and a zero gradient where not finite or where ``log_prob`` raises). A
+        single row of an unbatched, uncached density takes the shortest path there is:
+        its position becomes a leaf without a copy, ``log_p`` itself is differentiated and
+        both are negated in NumPy, so no tensor operation runs beyond the user's function
+        and its backward pass.
+        """
+        if q.shape[0] != 1 or self.batched or self.cache is not None:
+            U, grad = self.value_and_grad(torch.from_numpy(q))
+            return U.numpy(), grad.numpy()
+        try:
+            with _distribution_validation_off():
+                x = torch.from_numpy(q[0]).requires_grad_(True)
+                log_p = self.log_prob(x)
+                (grad,) = torch.autograd.grad(log_p, x)
+        except (RuntimeError, ValueError, ArithmeticError) as error:
+            self._warn_raise(error)
+            log_p = None
+        self.evaluations += 1
+        if log_p is not None:
+            U = -log_p.item()
+            g = np.negative(grad.numpy(), out=grad.numpy())  # the fresh gradient's memory
+            if math.isfinite(U + g.sum()):
+                return np.array([U], dtype=q.dtype), g[None]
+        return np.full(1, np.inf, dtype=q.dtype), np.zeros_like(q)
 
     def check(self, q: torch.Tensor) -> None:
         """Run ``log_prob`` once on ``q`` ``(C, D)`` and raise a clear error if its output
@@ -192,19 +232,15 @@ class Potential:
         return U.detach(), grad
 
     def _evaluate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        distribution = torch.distributions.Distribution
-        validating = distribution._validate_args
-        distribution._validate_args = False
         try:
-            U, grad = self._energy(q)
+            with _distribution_validation_off():
+                U, grad = self._energy(q)
         except (RuntimeError, ValueError, ArithmeticError) as error:
             if q.shape[0] == 1:
                 self._warn_raise(error)
                 self.evaluations += 1
                 return _infinite(q)
             return self._evaluate_rows(q)
-        finally:
-            distribution._validate_args = validating
         self.evaluations += q.shape[0]
         # On the CPU a host check lets the common all-finite case skip the row-wise
         # selects (a NaN or an infinity anywhere makes the sum non-finite). On

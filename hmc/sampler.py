@@ -30,7 +30,7 @@ from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
 from hmc.memo import MemoCache
 from hmc.metric import metric_from_inverse
-from hmc.potential import Potential
+from hmc.potential import Potential, _distribution_validation_off
 from hmc.random import Stream, chain_keys, uniform
 from hmc.state import State
 from hmc.target import FlatTarget, Target
@@ -177,7 +177,8 @@ def sample(
         adapt_metric=metric != "identity",
         progress=settings.progress,
     )
-    params, timing = run(state, params, warm, recorder)
+    with _distribution_validation_off():  # once for the run, not per evaluation
+        params, timing = run(state, params, warm, recorder)
     finished = time.perf_counter()
 
     draws_array = recorder.positions[:, -draws:].numpy(force=True)
@@ -352,7 +353,7 @@ class _Loop(NamedTuple):
         warming = torch.zeros(chains, dtype=torch.bool, device=device)  # the sampling masks
         sampling = ~warming
         warmup_seconds, started = 0.0, time.perf_counter()
-        useful = torch.zeros((), dtype=torch.float64, device=device)
+        useful = 0.0  # becomes a tensor (no device read) or a NumPy float, as busy is
         for t in range(self.warmup + self.draws):
             if t == self.warmup:
                 warmup_seconds = time.perf_counter() - started
@@ -436,6 +437,12 @@ class _Recorder:
         }
         self.names = tuple(kernel.stat_names)
         self.divergences = torch.zeros((), dtype=torch.int64, device=like.device)
+        # on the CPU, NumPy views of the buffers: each write is then a NumPy assignment,
+        # not a tensor operation
+        self.views: dict[str, np.ndarray] | None = None
+        if like.device.type == "cpu":
+            self.views = {"x": self.positions.numpy()}
+            self.views.update((name, b.numpy()) for name, b in self.buffers.items())
 
     def write(
         self,
@@ -452,7 +459,8 @@ class _Recorder:
         rows = self.rows
         old = self.positions[rows, slot]
         self.positions[rows, slot] = torch.where(keep.unsqueeze(-1), state.position, old)
-        for buffer, value in self._buffers(state, info, step_size):
+        for name, value in self._values(state, info, step_size).items():
+            buffer = self._buffer(name, value)
             buffer[rows, slot] = torch.where(keep, value, buffer[rows, slot])
         self.divergences = self.divergences + (info.diverging & keep).sum()
 
@@ -472,9 +480,10 @@ class _Recorder:
             rows, slots = [r for r, k in zip(rows, keep, strict=True) if k], slots[keep]
         if not rows:
             return
-        self.positions.numpy()[rows, slots] = state.position.numpy()[rows]
-        for buffer, value in self._buffers(state, info, step_size):
-            buffer.numpy()[rows, slots] = value.numpy()[rows]
+        self.views["x"][rows, slots] = state.position.numpy()[rows]
+        for name, value in self._values(state, info, step_size).items():
+            self._buffer(name, value)
+            self.views[name][rows, slots] = value.numpy()[rows]
         self.divergences += int(info.diverging.numpy()[rows].sum())
 
     def write_slot(
@@ -484,26 +493,36 @@ class _Recorder:
         slot = iteration - self.offset
         if not 0 <= slot < self.kept:
             return
-        self.positions[:, slot] = state.position
-        for buffer, value in self._buffers(state, info, step_size):
-            buffer[:, slot] = value
-        self.divergences = self.divergences + info.diverging.sum()
-
-    def _buffers(
-        self, state: State, info: NamedTuple, step_size: torch.Tensor
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(buffer, value) of every statistic, buffers made on first use."""
-        values = {"lp": -state.potential, "step_size": step_size, **info._asdict()}
-        pairs = []
+        values = self._values(state, info, step_size)
+        if self.views is None:
+            self.positions[:, slot] = state.position
+            for name, value in values.items():
+                self._buffer(name, value)[:, slot] = value
+            self.divergences = self.divergences + info.diverging.sum()
+            return
+        views = self.views
+        views["x"][:, slot] = state.position.numpy()
         for name, value in values.items():
-            buffer = self.buffers.get(name)
-            if buffer is None:
-                buffer = torch.zeros(
-                    self.rows.shape[0], self.kept, dtype=value.dtype, device=value.device
-                )
-                self.buffers[name] = buffer
-            pairs.append((buffer, value))
-        return pairs
+            if name not in views:
+                self._buffer(name, value)
+            views[name][:, slot] = value.numpy()
+        self.divergences += int(np.count_nonzero(info.diverging.numpy()))
+
+    @staticmethod
+    def _values(state: State, info: NamedTuple, step_size: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every statistic of a transition by name, ``(C,)`` each."""
+        return {"lp": -state.potential, "step_size": step_size, **info._asdict()}
+
+    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """The buffer of statistic ``name`` (made on first use, with its NumPy view)."""
+        buffer = self.buffers.get(name)
+        if buffer is None:
+            chains = self.rows.shape[0]
+            buffer = torch.zeros(chains, self.kept, dtype=like.dtype, device=like.device)
+            self.buffers[name] = buffer
+            if self.views is not None:
+                self.views[name] = buffer.numpy()
+        return buffer
 
     def stats(self, window: slice) -> dict[str, np.ndarray]:
         return {name: buf[:, window].numpy(force=True) for name, buf in self.buffers.items()}

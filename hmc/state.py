@@ -2,13 +2,15 @@
 
 Shapes: ``C`` chains, ``D`` unconstrained dimensions. Every tensor in a record has the
 chain axis first, so the helpers below select, merge and gather chains uniformly for any
-record (a ``NamedTuple`` of tensors).
+record (a ``NamedTuple`` of tensors). ``where_rows`` also takes records of NumPy arrays,
+which the kernels' host bookkeeping keeps.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 __all__ = ["State", "put_rows", "take_rows", "where_rows"]
@@ -26,8 +28,14 @@ class State(NamedTuple):
     grad: torch.Tensor
 
 
-def where_rows[R: tuple](mask: torch.Tensor, a: R, b: R) -> R:
-    """Row-wise select over (nested) records: chain ``c`` from ``a`` where ``mask[c]``."""
+def where_rows[R: tuple](mask: torch.Tensor | np.ndarray, a: R, b: R) -> R:
+    """Row-wise select over (nested) records: chain ``c`` from ``a`` where ``mask[c]``.
+    A NumPy mask that picks every row from one side returns that record as it is."""
+    if isinstance(mask, np.ndarray):
+        if mask.all():
+            return a
+        if not mask.any():
+            return b
     return _where_record(_Masks(mask), a, b)
 
 
@@ -48,7 +56,7 @@ class _Masks(dict):
         super().__init__({1: mask})
 
     def __missing__(self, ndim: int) -> torch.Tensor:
-        mask = self[1].view((-1,) + (1,) * (ndim - 1))
+        mask = self[1].reshape((-1,) + (1,) * (ndim - 1))
         self[ndim] = mask
         return mask
 
@@ -62,7 +70,8 @@ def _where(masks: _Masks, x, y):
         return x
     if isinstance(x, tuple):
         return _where_record(masks, x, y)
-    return torch.where(masks[x.dim()], x, y)
+    where = torch.where if isinstance(x, torch.Tensor) else np.where
+    return where(masks[x.ndim], x, y)
 
 
 def _take(x, rows):

@@ -188,7 +188,7 @@ def test_proposal_into_zero_density_is_a_divergent_rejection():
 def test_advance_runs_each_chain_its_number_of_transitions():
     potential = hmc.Potential(elementwise, batched=True)
     state = initial(potential, Q0)
-    kernel = hmc.HMC(num_steps=3)
+    kernel = hmc.HMC(num_steps=3, bookkeeping="tensor")
     p = params([0.5] * 4, torch.ones(4, 3, dtype=DTYPE))
     keys = chain_keys(0, torch.arange(4))
     ks = kernel.init(state, 2)
@@ -217,7 +217,7 @@ def test_advance_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
     boundary its chain stays bit-identical to transition() with counters 0, 1, 2, ..."""
     potential = hmc.Potential(elementwise, batched=True)
     state = initial(potential, Q0)
-    kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0)
+    kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0, bookkeeping="tensor")
     p = params([0.4] * 4, torch.ones(4, 3, dtype=DTYPE))
     keys = chain_keys(2, torch.arange(4))
     ks = kernel.init(state)
@@ -230,6 +230,82 @@ def test_advance_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
         assert torch.equal(ks.state.position, s.position), t
         assert torch.equal(kernel.report(ks)[1].n_steps, info.n_steps), t
     assert ks.block is not None and ks.block.noise.shape[1] == 64
+
+
+# ---------------------------------------------------------------------- host bookkeeping
+@pytest.mark.parametrize("num_steps", [None, 4])
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("chains", [1, 4])
+def test_host_bookkeeping_runs_the_tensor_transitions(num_steps, dense, chains):
+    """The NumPy transitions are the tensor ones from the same random numbers: over 70
+    transitions (a block boundary included) the chains agree to rounding, with the same
+    numbers of steps, acceptances and gradient evaluations. An unbatched density, so
+    that one chain takes the energy module's one-row shortcut."""
+    step_size = [0.45, 0.3, 0.6, 0.5][:chains]  # per chain: some rejections
+    inverse = torch.tensor([0.5, 1.0, 2.0], dtype=DTYPE).expand(chains, 3).clone()
+    if dense:
+        inverse = torch.diag_embed(inverse) + 0.2 * (1 - torch.eye(3, dtype=DTYPE))
+    p = params(step_size, inverse)
+    keys = chain_keys(4, torch.arange(chains))
+    sampling = torch.ones(chains, dtype=torch.bool)
+    runs = {}
+    for bookkeeping in ("tensor", "host"):
+        potential = hmc.Potential(elementwise)
+        kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0, bookkeeping=bookkeeping)
+        ks = kernel.init(initial(potential, Q0[:chains]), 70)
+        assert ks.on_host == (bookkeeping == "host")
+        reports = []
+        for _ in range(70):
+            ks, done = kernel.advance(ks, p, potential, keys, sampling)
+            assert done.all()
+            reports.append(kernel.report(ks))
+        runs[bookkeeping] = (reports, potential.evaluations)
+    (tensor, tensor_count), (host, host_count) = runs["tensor"], runs["host"]
+    assert host_count == tensor_count
+    for (state_t, info_t), (state_h, info_h) in zip(tensor, host, strict=True):
+        for a, b in zip(state_h, state_t, strict=True):
+            assert isinstance(a, torch.Tensor) and a.dtype == b.dtype
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        for name, a, b in zip(info_h._fields, info_h, info_t, strict=True):
+            assert a.dtype == b.dtype, name
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+    rates = torch.stack([info.acceptance_rate for _, info in host])
+    assert (rates < 1).float().mean() > 0.3 and (rates > 0.5).float().mean() > 0.3
+
+
+def test_host_bookkeeping_rejects_a_divergence_without_nan():
+    """A proposal into zero density (a log density of NaN beyond a wall) on the host."""
+
+    def wall(q):
+        return torch.where(q[0] < 0.5, -0.5 * (q**2).sum(), torch.nan)
+
+    potential = hmc.Potential(wall)
+    q = torch.tensor([[0.4, 0.0]], dtype=DTYPE)
+    kernel = hmc.HMC(num_steps=3, bookkeeping="host")
+    ks = kernel.init(initial(potential, q))
+    keys, sampling = chain_keys(0, torch.arange(1)), torch.ones(1, dtype=torch.bool)
+    diverged = 0
+    for _ in range(40):
+        ks, _ = kernel.advance(
+            ks, params([0.5], torch.ones(1, 2, dtype=DTYPE)), potential, keys, sampling
+        )
+        state, info = kernel.report(ks)
+        assert torch.isfinite(state.potential).all() and not torch.isnan(info.energy).any()
+        if info.diverging[0]:
+            diverged += 1
+            assert info.acceptance_rate[0] == 0 and info.energy_error[0] == 0
+    assert diverged > 0
+
+
+def test_auto_bookkeeping_runs_cpu_chains_on_the_host():
+    potential = hmc.Potential(elementwise, batched=True)
+    state = initial(potential, Q0)
+    assert hmc.HMC().init(state).on_host
+    assert not hmc.HMC(bookkeeping="tensor").init(state).on_host
+    meta = hmc.State(*(x.to("meta") for x in state))
+    assert not hmc.HMC().init(meta).on_host
+    with pytest.raises(ValueError, match="needs CPU tensors"):
+        hmc.HMC(bookkeeping="host").init(meta)
 
 
 def test_static_hmc_with_hand_set_parameters_is_exact():
@@ -276,6 +352,7 @@ def test_static_hmc_with_hand_set_parameters_is_exact():
         ({"trajectory_length": 0.0}, "trajectory_length"),
         ({"max_steps": 0}, "max_steps"),
         ({"max_energy_error": -1.0}, "max_energy_error"),
+        ({"bookkeeping": "gpu"}, "bookkeeping must be one of"),
     ],
 )
 def test_settings_are_validated(kwargs, match):

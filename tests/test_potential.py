@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -203,8 +205,57 @@ def test_distributions_with_validation_do_not_raise_inside():
     U_ref, g_ref = reference(log_prob, q[[0, 2]])
     torch.testing.assert_close(U[[0, 2]], U_ref, rtol=1e-14, atol=1e-14)
     torch.testing.assert_close(grad[[0, 2]], g_ref, rtol=1e-14, atol=1e-14)
-    # the user's setting is restored afterwards
+    # the user's setting is restored afterwards, whichever it was
     assert torch.distributions.Distribution._validate_args is True
+    for setting in (True, False):
+        torch.distributions.Distribution.set_default_validate_args(setting)
+        hmc.Potential(log_prob).value_and_grad_numpy(q[1:2].numpy().copy())
+        hmc.sample(log_prob, q[0], chains=1, warmup=0, step_size=0.1, draws=2, progress=False)
+        assert torch.distributions.Distribution._validate_args is setting
+
+
+# ---------------------------------------------------------------------- NumPy entry point
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_numpy_entry_point_gives_the_tensor_results(batched, dtype):
+    """value_and_grad_numpy is value_and_grad on NumPy arrays: the same bits on one row
+    (its own shortcut) and on a batch, in the input's dtype, counted the same."""
+    potential = hmc.Potential(smooth, batched=batched)
+    q = Q.to(dtype)
+    for rows in (q[:1], q):
+        U, grad = potential.value_and_grad(rows)
+        before = potential.evaluations
+        U_np, grad_np = potential.value_and_grad_numpy(rows.numpy().copy())
+        assert isinstance(U_np, np.ndarray) and isinstance(grad_np, np.ndarray)
+        assert U_np.shape == U.shape and grad_np.shape == grad.shape
+        assert U_np.dtype == grad_np.dtype == rows.numpy().dtype
+        assert np.array_equal(U_np, U.numpy()) and np.array_equal(grad_np, grad.numpy())
+        assert potential.evaluations == before + rows.shape[0]
+
+
+def test_numpy_entry_point_keeps_the_non_finite_contract():
+    """Non-finite values or gradients, and a raising density, give U = +inf and a zero
+    gradient on the one-row shortcut too (with one warning for the raise)."""
+
+    def log_prob(q):
+        if q[0] > 10:
+            raise ValueError("outside the support")
+        return torch.where(q[0] > 1, torch.nan, -0.5 * (q**2).sum()) - torch.sqrt(q[1] + 1)
+
+    potential = hmc.Potential(log_prob)
+    for row in ([2.0, 0.0], [0.0, -1.0], [11.0, 0.0]):  # NaN value, infinite gradient, raise
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            U, grad = potential.value_and_grad_numpy(np.array([row]))
+        assert U.tolist() == [math.inf] and grad.tolist() == [[0.0, 0.0]], row
+        assert (row[0] > 10) == any("raised" in str(w.message) for w in caught)
+    U, grad = potential.value_and_grad_numpy(np.array([[0.5, 0.0]]))
+    assert U.tolist() == [0.125 + 1.0] and grad.tolist() == [[0.5, 0.5]]
+    assert potential.evaluations == 4
+    cached = hmc.Potential(smooth, cache=True)  # a cached density goes through the cache
+    cached.value_and_grad_numpy(Q.numpy().copy())
+    cached.value_and_grad_numpy(Q.numpy().copy())
+    assert cached.evaluations == 4 and cached.cache.hits == 4
 
 
 # ---------------------------------------------------------------------- counting

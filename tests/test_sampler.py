@@ -256,12 +256,45 @@ def test_lockstep_loop_equals_the_general_loop(num_steps):
     gives the same DataTree, bit for bit (warmup, its groups and the adaptation included),
     also with more transitions than one block of random numbers (64)."""
     options = dict(seed=8, save_warmup=True, warmup=70, draws=30)
-    fast = small_run(kernel=hmc.HMC(num_steps=num_steps), **options)
-    general = small_run(kernel=_NotLockstep(num_steps=num_steps), **options)
+    fast = small_run(kernel=hmc.HMC(num_steps=num_steps, bookkeeping="tensor"), **options)
+    general = small_run(kernel=_NotLockstep(num_steps=num_steps, bookkeeping="tensor"), **options)
     for name in ("sampling_time", "warmup_time", "total_time", "kernel", "kernel_settings"):
         fast.attrs.pop(name), general.attrs.pop(name)
     assert fast.attrs == general.attrs
     assert_identical(fast, general)
+
+
+def test_recorder_writes_the_same_through_views_and_tensor_indexing():
+    """On the CPU the recorder writes through NumPy views of its buffers; on other
+    devices it indexes the tensors. Both record the same values in the same slots."""
+    from hmc.kernels.base import Params
+    from hmc.metric import metric_from_inverse
+    from hmc.random import chain_keys
+    from hmc.sampler import _Recorder
+
+    potential = hmc.Potential(ELEMENTWISE)
+    q = torch.tensor([[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]], dtype=torch.float64)
+    state = hmc.State(q, *potential.value_and_grad(q))
+    kernel = hmc.HMC()
+    params = Params(
+        torch.tensor([0.4, 0.9], dtype=torch.float64),
+        metric_from_inverse(torch.ones(2, 3, dtype=torch.float64)),
+    )
+    views, indexing = (_Recorder(2, 2, 3, 3, False, kernel, state) for _ in range(2))
+    indexing.views = None
+    ks = kernel.init(state)
+    keys, sampling = chain_keys(0, torch.arange(2)), torch.ones(2, dtype=torch.bool)
+    for t in range(5):
+        ks, _ = kernel.advance(ks, params, potential, keys, sampling)
+        new_state, info = kernel.report(ks)
+        for recorder in (views, indexing):
+            recorder.write_slot(t, new_state, info, params.step_size)
+    assert torch.equal(views.positions, indexing.positions)
+    assert views.buffers.keys() == indexing.buffers.keys() == STAT_NAMES
+    for name, buffer in views.buffers.items():
+        assert torch.equal(buffer, indexing.buffers[name]), name
+    assert int(views.divergences) == int(indexing.divergences)
+    assert torch.equal(views.positions[:, -1], new_state.position)  # the last slot: t = 4
 
 
 def test_seed_none_is_random_and_recorded():

@@ -39,7 +39,7 @@ import torch
 
 from hmc.integrators import leapfrog
 from hmc.kernels import nuts_host
-from hmc.kernels.base import Params
+from hmc.kernels.base import BOOKKEEPING, Params
 from hmc.metric import no_u_turn
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_from
@@ -52,7 +52,6 @@ _TREE_DRAWS = 1 << nuts_host.TREE_DRAWS_BITS  # uniforms per transition (TREE st
 #: ``bookkeeping="auto"`` keeps the trees on the host for CPU runs of at most this many
 #: chains (measured crossover in ``benchmarks/RESULTS.md``)
 HOST_MAX_CHAINS = 64
-BOOKKEEPING = ("auto", "host", "tensor")
 
 
 class NUTSInfo(NamedTuple):
