@@ -11,7 +11,9 @@ with a log density written batched (``batched=True``, ``(C, D) -> (C,)``), float
 Kernels, at 1, 4, 16, 64, 256 and 1024 chains:
 
 - ``hmc``: ``hmc.HMC(num_steps=10)``, fixed step size, ``warmup=0`` (so the time is the
-  leapfrog loop and nothing else); inits near the posterior;
+  leapfrog loop and nothing else); inits near the posterior. Its default bookkeeping runs
+  CPU chains on the host (NumPy arithmetic between energy calls); ``hmc-tensor`` is the
+  same with ``bookkeeping="tensor"`` (batched tensor operations, as on a GPU);
 - ``nuts``: the default kernel (NUTS) with Stan's warmup, random inits; the table gives the
   number of warmup and kept draws, the whole run's time per chain-gradient
   (``total_time / n_gradient_evaluations``), the sampling phase's
@@ -91,7 +93,9 @@ def _draws(budget: float, chains: int, steps: int, lo: int, hi: int) -> int:
     return int(min(hi, max(lo, round(budget / (chains * steps)))))
 
 
-def run_hmc(log_prob, init, chains: int, step_size: float, draws: int, seed: int) -> dict:
+def run_hmc(
+    log_prob, init, chains: int, step_size: float, draws: int, seed: int, bookkeeping="auto"
+) -> dict:
     dim = init.shape[-1]
     gen = torch.Generator().manual_seed(seed)
     starts = init + 0.01 * torch.randn(chains, dim, dtype=torch.float64, generator=gen)
@@ -100,7 +104,7 @@ def run_hmc(log_prob, init, chains: int, step_size: float, draws: int, seed: int
         log_prob,
         starts,
         chains=chains,
-        kernel=hmc.HMC(num_steps=10),
+        kernel=hmc.HMC(num_steps=10, bookkeeping=bookkeeping),
         step_size=step_size,
         warmup=0,
         draws=draws,
@@ -198,10 +202,13 @@ def main() -> None:
         t = targets[name]
         for kernel in args.kernels.split(","):
             for chains in chain_counts:
-                if kernel == "hmc":
+                if kernel.startswith("hmc"):
                     lo, hi = t["hmc_draws"]
                     draws = _draws(t["hmc_budget"] * scale, chains, 10, lo, hi)
-                    r = run_hmc(t["log_prob"], t["init"], chains, t["step_size"], draws, 7)
+                    bookkeeping = "tensor" if kernel == "hmc-tensor" else "auto"
+                    r = run_hmc(
+                        t["log_prob"], t["init"], chains, t["step_size"], draws, 7, bookkeeping
+                    )
                 else:
                     if t["nuts_draws"](chains) is None:
                         continue
@@ -221,25 +228,26 @@ def main() -> None:
         "number when other jobs share the machine.",
         "",
     ]
+    hmc_kernels = {"hmc": "", "hmc-tensor": ', bookkeeping="tensor"'}
     for name in args.targets.split(","):
-        if "hmc" in args.kernels:
+        for hmc_kernel in (k for k in args.kernels.split(",") if k in hmc_kernels):
             lines += [
-                f"**{name}, static HMC** (`hmc.HMC(num_steps=10)`, step size "
-                f"{targets[name]['step_size']}, warmup=0)",
+                f"**{name}, static HMC** (`hmc.HMC(num_steps=10{hmc_kernels[hmc_kernel]})`, "
+                f"step size {targets[name]['step_size']}, warmup=0)",
                 "",
                 "| chains | draws | chain-gradients | wall (s) | µs / chain-gradient (wall) | "
                 "µs / chain-gradient (CPU) | acceptance |",
                 "|---|---|---|---|---|---|---|",
             ]
             for chains in chain_counts:
-                r = results.get((name, "hmc", chains))
+                r = results.get((name, hmc_kernel, chains))
                 if r:
                     lines.append(
                         f"| {chains} | {r['draws']} | {r['grads']} | {r['wall']:.2f} | "
                         f"{r['us']:.2f} | {r['cpu_us']:.2f} | {r['accept']:.3f} |"
                     )
             lines.append("")
-        if "nuts" in args.kernels:
+        if "nuts" in args.kernels.split(","):
             lines += [
                 f"**{name}, NUTS** (default kernel, Stan warmup, random inits)",
                 "",

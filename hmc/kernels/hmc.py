@@ -16,10 +16,11 @@ energies, the Metropolis test, row-wise selects). On an accelerator or for many 
 they are cheap; on a CPU each costs 2-5 microseconds of dispatch whatever its size, which
 at a few chains on a cheap target is a third of the run. ``bookkeeping="host"`` keeps the
 chains' positions, momenta and energies in NumPy arrays (sub-microsecond operations) and
-calls the energy module through :meth:`hmc.Potential.value_and_grad_numpy`; the momenta
-still come from the metric's tensor ``momentum`` and the same random streams, so the two
-run the same transition from the same numbers. NumPy rounds the kicks differently (no
-fused multiply-add), so their draws agree to rounding, not bit for bit.
+calls the energy module through :meth:`hmc.Potential.value_and_grad_numpy`. Its random
+numbers are the same (drawn as tensors, a block of transitions at a time, and read as
+NumPy arrays), so the two run the same transition from the same numbers. NumPy rounds the
+kicks differently (no fused multiply-add), and solves the dense metric's momentum with a
+general solver, so their draws agree to rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class HMC:
     bookkeeping : "auto", "host" or "tensor"
         Where the arithmetic between energy calls runs: ``"tensor"`` in batched tensors
         (any device), ``"host"`` in NumPy arrays (CPU only; at one chain on a cheap target
-        about a third less time per leapfrog step, see the module's notes). ``"auto"``
+        about a fifth less time per leapfrog step, see the module's notes). ``"auto"``
         picks ``"host"`` for CPU chains and ``"tensor"`` on other devices.
 
     Examples
