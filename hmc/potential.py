@@ -144,7 +144,7 @@ class Potential:
         self.evaluations += 1
         if log_p is not None:
             U = -log_p.item()
-            g = np.negative(grad.numpy(), out=grad.numpy())  # the fresh gradient's memory
+            g = -grad.numpy()
             if math.isfinite(U + g.sum()):
                 return np.array([U], dtype=q.dtype), g[None]
         return np.full(1, np.inf, dtype=q.dtype), np.zeros_like(q)

@@ -252,6 +252,9 @@ def test_numpy_entry_point_keeps_the_non_finite_contract():
     U, grad = potential.value_and_grad_numpy(np.array([[0.5, 0.0]]))
     assert U.tolist() == [0.125 + 1.0] and grad.tolist() == [[0.5, 0.5]]
     assert potential.evaluations == 4
+    # a linear density: autograd's gradient of a sum, negated without touching its memory
+    U, grad = hmc.Potential(lambda q: q.sum()).value_and_grad_numpy(np.array([[1.0, 2.0, 3.0]]))
+    assert U.tolist() == [-6.0] and grad.tolist() == [[-1.0, -1.0, -1.0]]
     cached = hmc.Potential(smooth, cache=True)  # a cached density goes through the cache
     cached.value_and_grad_numpy(Q.numpy().copy())
     cached.value_and_grad_numpy(Q.numpy().copy())
