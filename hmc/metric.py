@@ -56,9 +56,10 @@ class DenseMetric(NamedTuple):
 
     def momentum(self, noise: torch.Tensor) -> torch.Tensor:
         # inverse = L L^T, so M = L^-T L^-1 and p = L^-T z has covariance M.
-        if isinstance(noise, np.ndarray):
-            upper = np.swapaxes(self.cholesky, -1, -2)
-            return np.linalg.solve(upper, noise[..., None])[..., 0]
+        if isinstance(noise, np.ndarray):  # NumPy has no triangular solve: torch's, on
+            # tensors that share the arrays' memory
+            tensors = DenseMetric(*map(torch.from_numpy, self))
+            return tensors.momentum(torch.from_numpy(noise)).numpy()
         solved = torch.linalg.solve_triangular(self.cholesky.mT, noise.unsqueeze(-1), upper=True)
         return solved.squeeze(-1)
 

@@ -19,8 +19,8 @@ chains' positions, momenta and energies in NumPy arrays (sub-microsecond operati
 calls the energy module through :meth:`hmc.Potential.value_and_grad_numpy`. Its random
 numbers are the same (drawn as tensors, a block of transitions at a time, and read as
 NumPy arrays), so the two run the same transition from the same numbers. NumPy rounds the
-kicks differently (no fused multiply-add), and solves the dense metric's momentum with a
-general solver, so their draws agree to rounding, not bit for bit.
+kicks differently (no fused multiply-add), so their draws agree to rounding, not bit for
+bit.
 """
 
 from __future__ import annotations
