@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["State", "put_rows", "take_rows", "where_rows"]
+__all__ = ["State", "put_rows", "take_rows", "true_rows", "where_rows"]
 
 
 class State(NamedTuple):
@@ -37,6 +37,12 @@ def where_rows[R: tuple](mask: torch.Tensor | np.ndarray, a: R, b: R) -> R:
         if not mask.any():
             return b
     return _where_record(_Masks(mask), a, b)
+
+
+def true_rows(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """The indices of the true entries of ``mask`` ``(C,)``, ascending, given their
+    ``count`` read on the host: ``nonzero`` would wait for the device to size its output."""
+    return torch.argsort((~mask).to(torch.uint8), stable=True)[:count]
 
 
 def take_rows[R: tuple](record: R, rows: torch.Tensor) -> R:

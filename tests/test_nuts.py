@@ -17,6 +17,7 @@ from conftest import (
 )
 
 import hmc
+from hmc.state import true_rows
 
 
 def stats(dt, name):
@@ -263,3 +264,14 @@ def test_host_trees_own_their_vectors():
     vectors = [a for a in arrays if isinstance(a, np.ndarray)]
     assert len(vectors) > 20 * chains
     assert all(a.shape == (dim,) and a.base is None for a in vectors)
+
+
+def test_true_rows_are_nonzero_without_a_device_read():
+    """The tensor bookkeeping picks the busy chains' rows from a count read with the
+    loop's counters; they must be exactly ``nonzero``'s, in the same order."""
+    gen = torch.Generator().manual_seed(0)
+    for chains in (1, 7, 300):
+        for p in (0.0, 0.3, 0.9, 1.0):
+            mask = torch.rand(chains, generator=gen) < p
+            expected = mask.nonzero().flatten()
+            assert torch.equal(true_rows(mask, int(mask.sum())), expected)

@@ -43,7 +43,7 @@ from hmc.kernels.base import BOOKKEEPING, Params
 from hmc.metric import no_u_turn
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_from
-from hmc.state import State, put_rows, take_rows, where_rows
+from hmc.state import State, put_rows, take_rows, true_rows, where_rows
 
 __all__ = ["NUTS", "NUTSInfo", "NUTSState"]
 
@@ -147,10 +147,10 @@ class NUTSState(NamedTuple):
     starting : ``(C,)`` the chains that start a transition at the next tick; they start
         from their trajectory's ``sample`` (the last draw, or the initial state).
     busy : ``(C,)`` the chains that took a leapfrog step in the last tick.
-    flags : ``(6,)`` device tensor of flags for the next tick (any of ``starting``,
-        of the chains beginning a doubling and of the busy chains, then all of each),
-        read by the driver with its own counters (one host read per tick); ``host`` holds
-        the values it read.
+    flags : ``(7,)`` device tensor for the next tick: whether any chain starts a
+        transition, begins a doubling or is busy, then whether all do, then the number of
+        busy chains; read by the driver with its own counters (one host read per tick).
+        ``host`` holds the values it read.
     keys, tree_keys : the chain keys of the last tick and their TREE stream keys (mixed
         once, not per tick).
     """
@@ -163,7 +163,7 @@ class NUTSState(NamedTuple):
     busy: torch.Tensor
     trajectory: Trajectory
     flags: torch.Tensor
-    host: tuple[bool, ...]
+    host: tuple[int, ...]
     keys: torch.Tensor | None = None
     tree_keys: torch.Tensor | None = None
 
@@ -277,7 +277,7 @@ class NUTS:
             busy=falses,
             trajectory=trajectory,
             flags=_flags(starting, starting, starting),
-            host=(True,) * 6,
+            host=(True,) * 6 + (chains,),
         )
 
     def advance(
@@ -297,7 +297,7 @@ class NUTS:
         if isinstance(kernel_state, nuts_host.HostNUTSState):
             return nuts_host.advance(kernel_state, params, potential, keys, sampling)
         ks = kernel_state
-        any_start, any_doubling, _, all_start, all_doubling, all_busy = ks.host
+        any_start, any_doubling, _, all_start, all_doubling, all_busy, n_busy = ks.host
         tree_keys = ks.tree_keys if ks.keys is keys else stream_keys(keys, Stream.TREE)
         traj = ks.trajectory
         # 1. chains without a transition in flight start one (if they have any left)
@@ -316,7 +316,7 @@ class NUTS:
         if all_busy:
             moved, p = leapfrog(base, edge.momentum, signed, params.metric, potential)
         else:
-            rows = in_flight.nonzero().flatten()
+            rows = true_rows(in_flight, n_busy)
             sub, sub_p = leapfrog(
                 take_rows(base, rows),
                 edge.momentum.index_select(0, rows),
@@ -375,7 +375,7 @@ class NUTS:
     @staticmethod
     def with_host_flags(kernel_state: NUTSState, values: list) -> NUTSState:
         """The kernel state with the flags the driver read from the device."""
-        return kernel_state._replace(host=tuple(bool(v) for v in values))
+        return kernel_state._replace(host=tuple(int(v) for v in values))
 
     # ------------------------------------------------------------------ the pieces
     def _start(
@@ -570,10 +570,10 @@ def _where_proposal(mask: torch.Tensor, a: Proposal, b: Proposal) -> Proposal:
 
 
 def _flags(starting: torch.Tensor, doubling: torch.Tensor, busy: torch.Tensor) -> torch.Tensor:
-    """``(6,)``: whether any chain, then whether every chain, starts a transition, begins
-    a doubling, or is busy at the next tick."""
+    """``(7,)`` int64: whether any chain, then whether every chain, starts a transition,
+    begins a doubling, or is busy at the next tick; then the number of busy chains."""
     masks = torch.stack((starting, doubling, busy))
-    return torch.cat((masks.any(1), masks.all(1)))
+    return torch.cat((masks.any(1), masks.all(1), busy.sum(0, keepdim=True)))
 
 
 _CONSTANTS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, ...]] = {}
