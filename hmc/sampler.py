@@ -165,7 +165,7 @@ def sample(
         warm, params = warmup_init(state, params, potential, keys, dense=metric == "dense")
     else:
         warm = None
-    schedule = build_schedule(warmup)
+    schedule = build_schedule(warmup, device=device)
     run = _Loop(
         kernel=settings.kernel,
         potential=potential,
@@ -255,7 +255,7 @@ class _Loop(NamedTuple):
         host_iteration = np.zeros(chains, dtype=np.int64)  # for host-reporting kernels
         warmup_seconds, started = 0.0, time.perf_counter()
         useful = slots = 0
-        counts = _Counts(False, False, 0, 0, chains if self.warmup > 0 else 0, 0, chains)
+        counts = _Counts(False, False, False, 0, 0, chains if self.warmup > 0 else 0, 0, chains)
         sampling = iteration >= self.warmup
         while True:
             was_warming, done_so_far = counts.warming, counts.total_done
@@ -276,7 +276,9 @@ class _Loop(NamedTuple):
                     recorder.write_rows(finished, at, new_state, info, params.step_size)
                 if counts.any_adapting and warm is not None:
                     adapting = done & (iteration < self.warmup)
-                    warm, params = self._adapt(warm, params, adapting, iteration, info, new_state)
+                    warm, params = self._adapt(
+                        warm, params, adapting, iteration, info, new_state, counts.any_window_end
+                    )
                 iteration = iteration + done.to(iteration.dtype)
                 sampling = iteration >= self.warmup
             if counts.warming == 0 and warmup_seconds == 0.0:
@@ -298,12 +300,19 @@ class _Loop(NamedTuple):
         kernel's own flags, handed back to it)."""
         advanced = iteration + done.to(iteration.dtype)
         kernel_flags = getattr(kernel_state, "flags", iteration[:0])
+        window_end = self.schedule.window_end  # (warmup,)
+        if window_end.numel():
+            ends = done & window_end[iteration.clamp(0, window_end.numel() - 1)]
+            ends = ends & (iteration < self.warmup)
+        else:
+            ends = done & False
         values = torch.cat(
             (
                 torch.stack(
                     (
                         done.any(),
                         (done & (iteration < self.warmup)).any(),
+                        ends.any(),
                         advanced.sum(),
                         advanced.min(),
                         (advanced < self.warmup).sum(),
@@ -315,8 +324,8 @@ class _Loop(NamedTuple):
             )
         ).tolist()
         if kernel_flags.numel():
-            kernel_state = self.kernel.with_host_flags(kernel_state, values[7:])
-        return kernel_state, _Counts(*values[:7])
+            kernel_state = self.kernel.with_host_flags(kernel_state, values[8:])
+        return kernel_state, _Counts(*values[:8])
 
     def _host_counts(
         self,
@@ -331,13 +340,19 @@ class _Loop(NamedTuple):
         alive = int((iteration < total).sum())
         if not finished:
             return before._replace(
-                any_done=False, any_adapting=False, busy=kernel_state.host_busy, alive=alive
+                any_done=False,
+                any_adapting=False,
+                any_window_end=False,
+                busy=kernel_state.host_busy,
+                alive=alive,
             )
-        adapting = bool((iteration[finished] < self.warmup).any())
+        at = iteration[finished]
+        adapting = bool((at < self.warmup).any())
         iteration[finished] += 1
         return _Counts(
             any_done=True,
             any_adapting=adapting,
+            any_window_end=any(self.schedule.ends_window(int(i)) for i in at),
             total_done=int(iteration.sum()),
             least=int(iteration.min()),
             warming=int((iteration < self.warmup).sum()),
@@ -370,14 +385,20 @@ class _Loop(NamedTuple):
                 useful = useful + kernel_state.busy.sum()
             elif warm is not None:
                 iteration = torch.full((chains,), t, device=device)
-                warm, params = self._adapt(warm, params, done, iteration, info, new_state)
+                window_end = self.schedule.ends_window(t)
+                warm, params = self._adapt(
+                    warm, params, done, iteration, info, new_state, window_end
+                )
             if bar is not None:
                 _show(bar, chains, recorder)
         utilization = float(useful) / (chains * self.draws)
         return params, {"warmup": warmup_seconds, "utilization": utilization}
 
-    def _adapt(self, warm, params: Params, done, iteration, info, new_state: State):
-        """Warmup's update for the chains ``done`` ``(C,)`` after their ``iteration``."""
+    def _adapt(
+        self, warm, params: Params, done, iteration, info, new_state: State, window_ends: bool
+    ):
+        """Warmup's update for the chains ``done`` ``(C,)`` after their ``iteration``
+        (``window_ends``: whether any of them ends a slow window, from host counters)."""
         return warmup_update(
             warm,
             params,
@@ -390,17 +411,20 @@ class _Loop(NamedTuple):
             self.keys,
             self.target_accept,
             self.adapt_metric,
+            window_ends,
         )
 
 
 class _Counts(NamedTuple):
     """What the loop needs to know after each kernel call: whether any chain finished a
-    transition (and any in its warmup), the transitions done so far (all chains, and the
-    fewest of one chain), the chains still in warmup, the chains that did leapfrog work
-    in the call and the chains that had transitions left at its start."""
+    transition (and any in its warmup, and any at the end of a slow window), the
+    transitions done so far (all chains, and the fewest of one chain), the chains still in
+    warmup, the chains that did leapfrog work in the call and the chains that had
+    transitions left at its start."""
 
     any_done: bool
     any_adapting: bool
+    any_window_end: bool
     total_done: int
     least: int
     warming: int

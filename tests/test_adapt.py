@@ -62,6 +62,8 @@ def test_schedule_table(num_warmup, windows):
         expected_end[last] = True
     np.testing.assert_array_equal(schedule.in_window.numpy(), expected_in)
     np.testing.assert_array_equal(schedule.window_end.numpy(), expected_end)
+    ends = [t for t in range(-1, num_warmup + 1) if schedule.ends_window(t)]
+    assert ends == [last for _, last in windows]
 
 
 def test_schedule_windows_are_contiguous_and_doubling():

@@ -21,8 +21,8 @@ class WarmupSchedule(NamedTuple):
 
     windows : ``[(first, last), ...]`` inclusive slow windows; the metric is updated at the
         end of iteration ``last`` of each.
-    in_window, window_end : ``(num_warmup,)`` bool tensors, indexable by each chain's
-        own iteration number.
+    in_window, window_end : ``(num_warmup,)`` bool tensors on the chains' device,
+        indexable by each chain's own iteration number.
     """
 
     num_warmup: int
@@ -34,15 +34,25 @@ class WarmupSchedule(NamedTuple):
     def adapts_metric(self) -> bool:
         return bool(self.windows)
 
+    def ends_window(self, iteration: int) -> bool:
+        """Whether the metric is updated after warmup iteration ``iteration`` (on the
+        host, without reading ``window_end``)."""
+        return any(last == iteration for _, last in self.windows)
+
 
 def build_schedule(
-    num_warmup: int, init_buffer: int = 75, term_buffer: int = 50, base_window: int = 25
+    num_warmup: int,
+    init_buffer: int = 75,
+    term_buffer: int = 50,
+    base_window: int = 25,
+    device: torch.device | str = "cpu",
 ) -> WarmupSchedule:
-    """Stan's schedule for ``num_warmup`` iterations (see the module docstring)."""
+    """Stan's schedule for ``num_warmup`` iterations (see the module docstring), its
+    masks on ``device`` (made once: a copy from the host per use would wait for it)."""
     in_window = torch.zeros(num_warmup, dtype=torch.bool)
     window_end = torch.zeros(num_warmup, dtype=torch.bool)
     if num_warmup < 20:
-        return WarmupSchedule(num_warmup, [], in_window, window_end)
+        return WarmupSchedule(num_warmup, [], in_window.to(device), window_end.to(device))
     if init_buffer + base_window + term_buffer > num_warmup:
         init_buffer = int(0.15 * num_warmup)
         term_buffer = int(0.10 * num_warmup)
@@ -62,4 +72,4 @@ def build_schedule(
     in_window[init_buffer : last + 1] = True
     for _, stop in windows:
         window_end[stop] = True
-    return WarmupSchedule(num_warmup, windows, in_window, window_end)
+    return WarmupSchedule(num_warmup, windows, in_window.to(device), window_end.to(device))

@@ -19,7 +19,7 @@ from hmc.integrators import leapfrog
 from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.random import Stream, normal
-from hmc.state import State, take_rows, where_rows
+from hmc.state import State, take_rows, true_rows, where_rows
 
 __all__ = [
     "DualAveragingState",
@@ -125,19 +125,25 @@ def find_reasonable_step_size(
     counter = counter + 1
     direction_up = first > threshold
     active = torch.ones_like(direction_up)
+    n_active = eps.shape[0]
+    # one read from the device per round: how many chains go on, and whether any left
+    # the usable range
     for _ in range(2200):  # doubling to 1e7 or halving to 0 takes far fewer steps
-        rows = active.nonzero().flatten()
-        if rows.numel() == 0:
+        if n_active == 0:
             break
+        rows = true_rows(active, n_active)
         d = log_accept(rows)
         counter = counter.index_add(0, rows, torch.ones_like(rows))
         up = direction_up[rows]
-        stop = torch.where(up, ~(d > threshold), ~(d < threshold))
-        moving = rows[~stop]
-        eps = eps.index_copy(0, moving, torch.where(up[~stop], eps[moving] * 2, eps[moving] / 2))
-        active = torch.zeros_like(active).index_fill(0, moving, True)
+        going_on = torch.where(up, d > threshold, d < threshold)
+        eps_rows = eps[rows]
+        eps = eps.index_copy(
+            0, rows, torch.where(going_on, torch.where(up, eps_rows * 2, eps_rows / 2), eps_rows)
+        )
+        active = torch.zeros_like(active).index_copy(0, rows, going_on)
         too_big, too_small = eps > 1e7, eps == 0
-        if (too_big | too_small).any():
+        n_active, out_of_range = torch.stack((active.sum(), (too_big | too_small).any())).tolist()
+        if out_of_range:
             chains = (too_big | too_small).nonzero().flatten().tolist()
             warnings.warn(
                 f"step-size search for chains {chains} "
@@ -152,4 +158,5 @@ def find_reasonable_step_size(
             )
             eps = torch.where(too_big, 1e7, torch.where(too_small, step_size, eps))
             active = active & ~(too_big | too_small)
+            n_active = int(active.sum())
     return eps, counter

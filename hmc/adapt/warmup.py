@@ -79,8 +79,13 @@ def warmup_update(
     keys: torch.Tensor,
     target_accept: float,
     adapt_metric: bool,
+    window_ends: bool = True,
 ) -> tuple[WarmupState, Params]:
     """Adapt the chains in ``done`` ``(C,)`` after their warmup iteration ``iteration`` ``(C,)``.
+
+    ``window_ends=False`` says, from the caller's host counters, that no chain in ``done``
+    ends a slow window: the metric update (which must find those chains, a device read)
+    is then skipped.
 
     ``accept_stat`` ``(C,)`` and ``state`` are the finished transitions' statistic and new
     states. Returns the new adaptation state and kernel parameters.
@@ -91,9 +96,9 @@ def warmup_update(
     step_size = torch.where(done, torch.exp(da.log_step_size), params.step_size)
     metric, welford, search = params.metric, warm.welford, warm.search_counter
     if adapt_metric and schedule.adapts_metric:
-        in_window = schedule.in_window.to(t.device)[t] & done
+        in_window = schedule.in_window[t] & done
         welford = welford_update(welford, state.position, in_window)
-        ends = (schedule.window_end.to(t.device)[t] & done).nonzero().flatten()
+        ends = (schedule.window_end[t] & done).nonzero().flatten() if window_ends else t[:0]
         if ends.numel() > 0:
             welford_ends = take_rows(welford, ends)
             inverse = params.metric.inverse.index_copy(0, ends, welford_covariance(welford_ends))
