@@ -74,10 +74,12 @@ def logistic_data(n: int = 5000, d: int = 50, seed: int = DATA_SEED):
     return X, y, beta
 
 
-def make_logistic():
+def make_logistic(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64):
+    """The logistic regression's batched log density on ``device`` and the true
+    coefficients ``(50,)``."""
     X_np, y_np, beta = logistic_data()
-    X = torch.as_tensor(X_np)
-    y = torch.as_tensor(y_np)
+    X = torch.as_tensor(X_np, dtype=dtype, device=device)
+    y = torch.as_tensor(y_np, dtype=dtype, device=device)
 
     def log_prob(b: torch.Tensor) -> torch.Tensor:
         """``(C, 50) -> (C,)``: Bernoulli-logit likelihood plus a N(0, 1) prior."""
@@ -85,7 +87,7 @@ def make_logistic():
         loglik = (y * logits - torch.nn.functional.softplus(logits)).sum(-1)
         return loglik - 0.5 * (b * b).sum(-1)
 
-    return log_prob, torch.as_tensor(beta)
+    return log_prob, torch.as_tensor(beta, dtype=dtype, device=device)
 
 
 # ---------------------------------------------------------------------- runs
@@ -94,11 +96,20 @@ def _draws(budget: float, chains: int, steps: int, lo: int, hi: int) -> int:
 
 
 def run_hmc(
-    log_prob, init, chains: int, step_size: float, draws: int, seed: int, bookkeeping="auto"
+    log_prob,
+    init,
+    chains: int,
+    step_size: float,
+    draws: int,
+    seed: int,
+    bookkeeping="auto",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float64,
 ) -> dict:
     dim = init.shape[-1]
     gen = torch.Generator().manual_seed(seed)
-    starts = init + 0.01 * torch.randn(chains, dim, dtype=torch.float64, generator=gen)
+    noise = torch.randn(chains, dim, dtype=torch.float64, generator=gen)
+    starts = init.to("cpu", torch.float64) + 0.01 * noise
     wall0, cpu0 = time.perf_counter(), time.process_time()
     dt = hmc.sample(
         log_prob,
@@ -111,6 +122,8 @@ def run_hmc(
         seed=seed,
         progress=False,
         batched=True,
+        device=device,
+        dtype=dtype,
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     grads = int(dt.attrs["n_gradient_evaluations"])
@@ -127,7 +140,16 @@ def run_hmc(
     }
 
 
-def run_nuts(log_prob, dim: int, chains: int, warmup: int, draws: int, seed: int) -> dict:
+def run_nuts(
+    log_prob,
+    dim: int,
+    chains: int,
+    warmup: int,
+    draws: int,
+    seed: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float64,
+) -> dict:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     dt = hmc.sample(
         log_prob,
@@ -138,6 +160,8 @@ def run_nuts(log_prob, dim: int, chains: int, warmup: int, draws: int, seed: int
         seed=seed,
         progress=False,
         batched=True,
+        device=device,
+        dtype=dtype,
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     grads = int(dt.attrs["n_gradient_evaluations"])
