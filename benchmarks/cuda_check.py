@@ -4,12 +4,14 @@ One run, sized to finish in about five minutes on one GPU, in four parts (each w
 results as it goes, so a run cut short keeps what it measured):
 
 1. **Same draws as the CPU.** ``hmc.sample`` with one seed on the CPU (its default host
-   bookkeeping) and on the device (tensor bookkeeping), 8 chains, Stan's warmup, NUTS and
-   static HMC, on a diagonal Gaussian (elementwise arithmetic) and the correlated 2-D
-   Gaussian (a matrix product). Random numbers are a function of (seed, chain, counter)
-   only, so the two runs differ only by floating-point rounding: per chain, the first
-   draw where they differ by more than 1e-8 (or none), the largest difference before it,
-   and the gradient counts and adapted step sizes of both.
+   bookkeeping) and on the device (tensor bookkeeping), 8 chains, NUTS and static HMC, on
+   a diagonal Gaussian (elementwise arithmetic) and the correlated 2-D Gaussian (a matrix
+   product); once with a given step size and no warmup, once after Stan's warmup. Random
+   numbers are a function of (seed, chain, counter) only, so the two runs differ only by
+   floating-point rounding: per chain, the first draw where they differ by more than 1e-8
+   (or none), the largest difference before it, and the gradient counts and adapted step
+   sizes of both. Without warmup they must agree; warmup amplifies rounding until the
+   chains part.
    ``sensitivity`` repeats one run with its starts moved by 1e-14 (on one device): how far
    warmup's adaptation carries a rounding-sized change.
 2. **Host syncs.** ``torch.cuda.set_sync_debug_mode("warn")`` makes torch warn at every
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import math
 import statistics
@@ -91,7 +94,7 @@ def kernel_named(name: str):
     return {"nuts": hmc.NUTS, "hmc": lambda: hmc.HMC(num_steps=10), "hmc-jitter": hmc.HMC}[name]()
 
 
-def sample_on(device, target: str, kernel: str, chains: int, warmup: int, draws: int):
+def sample_on(device, target: str, kernel: str, chains: int, warmup: int, draws: int, step=None):
     make, dim = TARGETS[target]
     return hmc.sample(
         make(device),
@@ -100,6 +103,7 @@ def sample_on(device, target: str, kernel: str, chains: int, warmup: int, draws:
         warmup=warmup,
         draws=draws,
         kernel=kernel_named(kernel),
+        step_size=step,
         seed=SEED,
         device=device,
         progress=False,
@@ -108,12 +112,22 @@ def sample_on(device, target: str, kernel: str, chains: int, warmup: int, draws:
 
 
 # ---------------------------------------------------------------------- 1. agreement
-def agreement(device: str, target: str, kernel: str, chains: int, iterations: int) -> dict:
-    """The same run on the CPU and on ``device``: where each chain's draws part."""
+#: stable step sizes (no warmup) for the fixed-parameter comparison
+FIXED_STEP = {("diag10", "nuts"): 0.5, ("diag10", "hmc"): 0.2}
+FIXED_STEP |= {("gauss2d", "nuts"): 0.15, ("gauss2d", "hmc"): 0.1}
+
+
+def agreement(
+    device: str, target: str, kernel: str, chains: int, iterations: int, adapted: bool
+) -> dict:
+    """The same run on the CPU and on ``device``: where each chain's draws part. Without
+    ``adapted``, no warmup and a given stable step size (the draws must agree to
+    rounding); with it, Stan's warmup first (rounding then grows until chains part)."""
+    warmup, step = (iterations, None) if adapted else (0, FIXED_STEP[target, kernel])
     runs = {}
     for where in ("cpu", device):
         t0 = time.perf_counter()
-        dt = sample_on(where, target, kernel, chains, iterations, iterations)
+        dt = sample_on(where, target, kernel, chains, warmup, iterations, step)
         runs[where] = (dt, time.perf_counter() - t0)
     (a, ta), (b, tb) = runs["cpu"], runs[device]
     xa, xb = a["posterior"]["x"].values, b["posterior"]["x"].values  # (C, N, D)
@@ -131,8 +145,9 @@ def agreement(device: str, target: str, kernel: str, chains: int, iterations: in
         "target": target,
         "kernel": kernel,
         "chains": chains,
-        "warmup": iterations,
+        "warmup": warmup,
         "draws": iterations,
+        "max_abs_diff": float(diff.max()),
         "chains_identical_within_tol": sum(f is None for f in first),
         "first_parting_draw": first,
         "max_diff_before_parting": max(before),
@@ -401,10 +416,10 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     n = 20 if args.quick else 300
     for target in TARGETS if "agreement" in parts else ():
-        for kernel in ("nuts", "hmc"):
+        for kernel, adapted in itertools.product(("nuts", "hmc"), (False, True)):
             record(
-                ("agreement", target, kernel),
-                lambda t=target, k=kernel: agreement(args.device, t, k, 8, n),
+                ("agreement", target, kernel, "adapted" if adapted else "fixed"),
+                lambda t=target, k=kernel, a=adapted: agreement(args.device, t, k, 8, n, a),
             )
     for kernel in ("hmc", "nuts") if "sensitivity" in parts else ():
         record(("sensitivity", kernel), lambda k=kernel: sensitivity(args.device, k))
