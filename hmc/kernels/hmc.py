@@ -352,8 +352,9 @@ def _integrate_ragged(
 ) -> tuple[State, torch.Tensor]:
     """Chain ``c`` takes ``steps[c]`` leapfrog steps; only moving chains are evaluated."""
     order = torch.argsort(steps, descending=True, stable=True)
-    counts = torch.bincount(steps, minlength=1).flip(0).cumsum(0).flip(0).tolist()
-    # counts[i] = number of chains taking at least i steps
+    # counts[i] = number of chains taking at least i steps, from one read of the steps
+    # (torch.bincount on a device reads its maximum first, then its result)
+    counts = np.bincount(steps.numpy(force=True), minlength=1)[::-1].cumsum()[::-1].tolist()
     p_all = momentum
     chains = steps.shape[0]
     for i in range(1, len(counts)):
