@@ -94,7 +94,11 @@ def kernel_named(name: str):
     return {"nuts": hmc.NUTS, "hmc": lambda: hmc.HMC(num_steps=10), "hmc-jitter": hmc.HMC}[name]()
 
 
-def sample_on(device, target: str, kernel: str, chains: int, warmup: int, draws: int, step=None):
+def sample_on(
+    device, target: str, kernel, chains: int, warmup: int, draws: int, step=None, **extra
+):
+    """``hmc.sample`` of ``target`` on ``device`` with the kernel named ``kernel`` (or that
+    kernel instance) and seed 1; ``extra`` goes to ``hmc.sample``."""
     make, dim = TARGETS[target]
     return hmc.sample(
         make(device),
@@ -102,12 +106,13 @@ def sample_on(device, target: str, kernel: str, chains: int, warmup: int, draws:
         chains=chains,
         warmup=warmup,
         draws=draws,
-        kernel=kernel_named(kernel),
+        kernel=kernel_named(kernel) if isinstance(kernel, str) else kernel,
         step_size=step,
         seed=SEED,
         device=device,
         progress=False,
         batched=True,
+        **extra,
     )
 
 
@@ -164,24 +169,19 @@ def sensitivity(device: str, kernel: str, iterations: int = 150) -> dict:
     the starts moved by 1e-14; chain 0's largest coordinate difference and step-size
     difference at selected warmup iterations."""
     starts = 4 * torch.rand(4, 10, generator=torch.Generator().manual_seed(0)) - 2
-    runs = []
-    for shift in (0.0, 1e-14):
-        runs.append(
-            hmc.sample(
-                make_diag10(device),
-                starts.to(torch.float64) + shift,
-                chains=4,
-                warmup=iterations,
-                draws=1,
-                kernel=kernel_named(kernel),
-                seed=SEED,
-                device=device,
-                progress=False,
-                batched=True,
-                save_warmup=True,
-            )
+    a, b = (
+        sample_on(
+            device,
+            "diag10",
+            kernel,
+            4,
+            iterations,
+            1,
+            init=starts.to(torch.float64) + shift,
+            save_warmup=True,
         )
-    (a, b) = runs
+        for shift in (0.0, 1e-14)
+    )
     dx = np.abs(a["warmup_posterior"]["x"].values - b["warmup_posterior"]["x"].values)[0]
     step_a = a["warmup_sample_stats"]["step_size"].values[0]
     step_b = b["warmup_sample_stats"]["step_size"].values[0]
@@ -213,7 +213,6 @@ def count_syncs(device: str, target: str, kernel: str, chains: int, iterations: 
         calls["inside"] += len(seen) - before
         return out
 
-    make, dim = TARGETS[target]
     cls.advance = counted
     torch.cuda.set_sync_debug_mode("warn")
     try:
@@ -221,18 +220,7 @@ def count_syncs(device: str, target: str, kernel: str, chains: int, iterations: 
             warnings.simplefilter("always")
             seen = caught
             t0 = time.perf_counter()
-            dt = hmc.sample(
-                make(device),
-                dim=dim,
-                chains=chains,
-                warmup=iterations,
-                draws=iterations,
-                kernel=kernel_obj,
-                seed=SEED,
-                device=device,
-                progress=False,
-                batched=True,
-            )
+            dt = sample_on(device, target, kernel_obj, chains, iterations, iterations)
             seconds = time.perf_counter() - t0
     finally:
         torch.cuda.set_sync_debug_mode("default")
