@@ -192,22 +192,40 @@ def test_warmup_depth_cap_pair_and_utilization(bookkeeping):
 
 
 # ---------------------------------------------------------------------- bookkeeping
-def test_host_and_tensor_bookkeeping_give_the_same_run():
+@pytest.mark.parametrize(
+    ("warmup", "step_size", "atol"), [(0, 0.1, 1e-12), (15, None, 1e-8)], ids=["fixed", "warmup"]
+)
+def test_host_and_tensor_bookkeeping_give_the_same_run(warmup, step_size, atol):
     """The two places to keep the trees run the same transitions from the same random
     numbers, warmup and recording included: same tree sizes, depths and divergences, and
-    draws equal up to the rounding of sums done in a different order."""
+    draws equal up to rounding. The host's leapfrog is NumPy arithmetic and the tensors'
+    is torch's fused multiply-add, so positions differ in the last bit; with a given step
+    size that stays at rounding level over 200 draws, while warmup's early, unstable step
+    sizes amplify it (about 1e-10 after 15 iterations, O(1) after 40-60), so the warmup run
+    is a short one."""
     target = diagonal_gaussian_log_prob(np.zeros(5), np.array([0.1, 0.5, 1.0, 2.0, 10.0]))
-    runs = [
-        run(target, 5, warmup=150, draws=100, seed=4, kernel=hmc.NUTS(bookkeeping=b))
+    host, tensor = (
+        run(
+            target,
+            5,
+            warmup=warmup,
+            draws=200 - warmup * 4,
+            step_size=step_size,
+            seed=4,
+            save_warmup=True,
+            kernel=hmc.NUTS(bookkeeping=b),
+        )
         for b in ("host", "tensor")
-    ]
-    host, tensor = runs
-    for name in ("n_steps", "tree_depth", "diverging", "reached_max_treedepth"):
-        assert np.array_equal(stats(host, name), stats(tensor, name)), name
-    for name in ("acceptance_rate", "energy", "step_size", "lp"):
-        np.testing.assert_allclose(stats(host, name), stats(tensor, name), rtol=1e-9, atol=1e-12)
+    )
+    for group in ("sample_stats", "warmup_sample_stats") if warmup else ("sample_stats",):
+        for name in ("n_steps", "tree_depth", "diverging", "reached_max_treedepth"):
+            assert np.array_equal(host[group][name].values, tensor[group][name].values), name
+        for name in ("acceptance_rate", "energy", "step_size", "lp"):
+            np.testing.assert_allclose(
+                host[group][name].values, tensor[group][name].values, rtol=0, atol=atol
+            )
     np.testing.assert_allclose(
-        host["posterior"]["x"].values, tensor["posterior"]["x"].values, rtol=1e-9, atol=1e-12
+        host["posterior"]["x"].values, tensor["posterior"]["x"].values, rtol=0, atol=atol
     )
     assert host.attrs["n_gradient_evaluations"] == tensor.attrs["n_gradient_evaluations"]
     assert abs(host.attrs["chain_utilization"] - tensor.attrs["chain_utilization"]) < 1e-12

@@ -17,8 +17,10 @@ the one-host-read-per-tick rule.
 
 Per tick: the chains that start a transition draw their momenta in one batched call; the
 chains that begin a doubling draw its direction and turn to that end; the busy chains'
-edges are stacked into ``(B, D)`` tensors and take one leapfrog step, with the energies
-``H`` and velocities ``M^-1 p`` computed batched; then each chain adds its leaf to its
+edges are stacked into ``(B, D)`` NumPy arrays and take one leapfrog step
+(:func:`hmc.integrators.leapfrog_numpy`: NumPy kicks and drift around one call of
+:meth:`hmc.Potential.value_and_grad_numpy`), with the energies ``H`` and velocities
+``M^-1 p`` computed batched in NumPy; then each chain adds its leaf to its
 tree: the sub-subtrees the leaf closes are merged one level at a time (Stan's
 ``build_tree`` unrolled over the trailing one-bits of the leaf's index, with a stack of
 completed left halves, one per level) and a completed doubling merges into the
@@ -29,15 +31,17 @@ keep a whole tick's ``(B, D)`` array alive), so memory is ``O(C x max_tree_depth
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from hmc.integrators import leapfrog
+from hmc.integrators import leapfrog_numpy
 from hmc.kernels.base import Params
+from hmc.metric import Metric, to_numpy
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_scalar
-from hmc.state import State, take_rows
+from hmc.state import State
 
 __all__ = ["HostNUTSState", "advance", "init", "report"]
 
@@ -112,19 +116,34 @@ class HostNUTSState:
         self.depths = depths  # (warmup, sampling) depth caps
         self.max_energy_error = max_energy_error
         self.nobody = torch.zeros(len(chains), dtype=torch.bool)
-        self.rows = torch.arange(len(chains))
+        self.rows = np.arange(len(chains))
         # momentum noise (C, _NOISE_BLOCK, D) of transitions noise_from[c] onwards
-        self.noise: torch.Tensor | None = None
+        self.noise: np.ndarray | None = None
         self.noise_from = [0] * len(chains)
         self.host_done: list[int] = []  # the chains whose transition ended in the last tick
         self.host_busy = 0  # the number of chains that took a leapfrog step in it
-        # the last tick's busy chains and their leaves (State, momentum) and signed steps:
-        # the next tick's edges when no chain started, turned or stopped in between
-        self.last: tuple[list[int], State, torch.Tensor, torch.Tensor] | None = None
+        # the last tick's busy chains, their leaves and their leapfrog's constants: the
+        # next tick's edges when no chain started, turned or stopped in between
+        self.last: _Edges | None = None
         self.keys: torch.Tensor | None = None
         self.tree_keys: list[int] = []
         self.step_source: torch.Tensor | None = None
         self.step_sizes: list[float] = []
+        self.metric_source: Metric | None = None
+        self.metric: Metric | None = None  # params.metric with NumPy fields
+
+
+class _Edges(NamedTuple):
+    """The busy chains' edges, stacked for one batched leapfrog step: ``busy`` (B chain
+    indices), NumPy ``position``, ``grad`` and ``momentum`` ``(B, D)``, signed
+    ``step_size`` ``(B, 1)`` and the busy rows of the NumPy ``metric``."""
+
+    busy: list[int]
+    position: np.ndarray
+    grad: np.ndarray
+    momentum: np.ndarray
+    step_size: np.ndarray
+    metric: Metric
 
 
 def init(
@@ -164,9 +183,12 @@ def advance(
         ks.keys, ks.tree_keys = keys, stream_keys(keys, Stream.TREE).tolist()
     if ks.step_source is not params.step_size:
         ks.step_source, ks.step_sizes = params.step_size, params.step_size.tolist()
+    if ks.metric_source is not params.metric:
+        ks.metric_source, ks.metric = params.metric, to_numpy(params.metric)
+        ks.last = None
     moved = any(chain.starting for chain in chains)  # some edge is not the last leaf
     if moved:
-        _start(ks, params, keys, sampling)
+        _start(ks, keys, sampling)
     busy = [c for c, chain in enumerate(chains) if chain.in_flight]
     ks.host_busy, ks.host_done = len(busy), []
     if not busy:
@@ -174,9 +196,9 @@ def advance(
     for c in busy:
         if chains[c].leaf == 0:
             moved |= _begin_doubling(chains[c], ks.tree_keys[c], ks.step_sizes[c])
-    if moved or ks.last is None or ks.last[0] != busy:
+    if moved or ks.last is None or ks.last.busy != busy:
         ks.last = _edges(ks, busy)
-    q, U, g, p, v, H = _leapfrog_step(ks, params, potential)
+    q, U, g, p, v, H = _leapfrog_step(ks, potential)
     max_energy_error = ks.max_energy_error
     finished = []
     for i, c in enumerate(busy):
@@ -234,7 +256,7 @@ def report(ks: HostNUTSState) -> tuple[State, dict[str, torch.Tensor]]:
 
 
 # ---------------------------------------------------------------------- the pieces
-def _start(ks: HostNUTSState, params: Params, keys: torch.Tensor, sampling: torch.Tensor) -> None:
+def _start(ks: HostNUTSState, keys: torch.Tensor, sampling: torch.Tensor) -> None:
     """Fresh trajectories for the chains that start one. Chain ``c``'s momentum noise for
     its transition ``t`` comes from ``(seed, c, t)``; it is drawn ``_NOISE_BLOCK``
     transitions at a time, and the metric turns it into momenta for all chains at once."""
@@ -246,13 +268,12 @@ def _start(ks: HostNUTSState, params: Params, keys: torch.Tensor, sampling: torc
         _draw_noise(ks, keys, stale)
         for c in stale:
             offsets[c] = 0
-    index = torch.tensor([o if 0 <= o < _NOISE_BLOCK else 0 for o in offsets])
+    index = [o if 0 <= o < _NOISE_BLOCK else 0 for o in offsets]
     noise = ks.noise[ks.rows, index]
-    metric = params.metric
+    metric = ks.metric
     momentum = metric.momentum(noise)
     kinetic = metric.kinetic_energy(momentum).tolist()
-    velocity = metric.velocity(momentum).numpy()
-    momentum = momentum.numpy()
+    velocity = metric.velocity(momentum)
     warm_depth, sample_depth = ks.depths
     in_sampling = sampling.tolist()
     for c in starting:
@@ -280,8 +301,8 @@ def _draw_noise(ks: HostNUTSState, keys: torch.Tensor, rows: list[int]) -> None:
     dim = ks.chains[0].sample[0].shape[0]
     block = normal(keys[rows], Stream.MOMENTUM, counters, dim, ks.dtype)
     if ks.noise is None:
-        ks.noise = block.new_zeros((len(ks.chains), _NOISE_BLOCK, dim))
-    ks.noise[rows] = block
+        ks.noise = np.zeros((len(ks.chains), _NOISE_BLOCK, dim), dtype=block.numpy().dtype)
+    ks.noise[rows] = block.numpy()
     for c, t in zip(rows, first, strict=True):
         ks.noise_from[c] = t
 
@@ -301,42 +322,35 @@ def _begin_doubling(chain: _Chain, tree_key: int, step_size: float) -> bool:
     return turned
 
 
-def _edges(ks: HostNUTSState, busy: list[int]):
-    """The ``busy`` chains' edges as tensors: ``(busy, State (B, D), momentum (B, D),
-    signed step sizes (B, 1))``."""
+def _edges(ks: HostNUTSState, busy: list[int]) -> _Edges:
+    """The ``busy`` chains' edges, stacked."""
     edges = [ks.chains[c].edge for c in busy]
-    state = State(
-        torch.from_numpy(np.stack([e[0] for e in edges])),
-        torch.tensor([e[1] for e in edges], dtype=ks.dtype),
-        torch.from_numpy(np.stack([e[2] for e in edges])),
+    metric = ks.metric
+    if len(busy) < len(ks.chains):
+        metric = type(metric)(*(field[busy] for field in metric))
+    return _Edges(
+        busy,
+        np.stack([e[0] for e in edges]),
+        np.stack([e[2] for e in edges]),
+        np.stack([e[3] for e in edges]),
+        np.array([[ks.chains[c].signed_step] for c in busy], dtype=edges[0][0].dtype),
+        metric,
     )
-    momentum = torch.from_numpy(np.stack([e[3] for e in edges]))
-    step = torch.tensor([[ks.chains[c].signed_step] for c in busy], dtype=ks.dtype)
-    return busy, state, momentum, step
 
 
-def _leapfrog_step(ks: HostNUTSState, params: Params, potential: Potential):
+def _leapfrog_step(ks: HostNUTSState, potential: Potential):
     """One batched leapfrog step from the edges in ``ks.last``, which then holds the new
     leaves: returns NumPy ``(B, D)`` positions, gradients, momenta and velocities, and
     lists of potentials and energies (``+inf`` where not finite)."""
-    busy, state, momentum, step = ks.last
-    metric = params.metric
-    if len(busy) < len(ks.chains):
-        metric = take_rows(metric, torch.tensor(busy))
-    moved, p = leapfrog(state, momentum, step, metric, potential)
-    ks.last = (busy, moved, p, step)
-    energy = torch.nan_to_num(
-        moved.potential + metric.kinetic_energy(p), nan=torch.inf, posinf=torch.inf
+    edges = ks.last
+    metric = edges.metric
+    q, U, g, p = leapfrog_numpy(
+        edges.position, edges.grad, edges.momentum, edges.step_size, metric, potential
     )
-    v = metric.velocity(p)
-    return (
-        moved.position.numpy(),
-        moved.potential.tolist(),
-        moved.grad.numpy(),
-        p.numpy(),
-        v.numpy(),
-        energy.tolist(),
-    )
+    ks.last = edges._replace(position=q, grad=g, momentum=p)
+    energy = U + metric.kinetic_energy(p)
+    energy[~(energy <= math.inf)] = math.inf  # NaN counts as +inf
+    return q, U.tolist(), g, p, metric.velocity(p), energy.tolist()
 
 
 def _add_leaf(
