@@ -337,7 +337,8 @@ class _Loop(NamedTuple):
     ) -> _Counts:
         """The loop's counters after a call of a kernel that reports its finished chains
         on the host; ``iteration`` (host copy) is advanced in place."""
-        alive = int((iteration < total).sum())
+        # the chains not yet through: unchanged unless a chain finished in the last call
+        alive = int(np.count_nonzero(iteration < total)) if before.any_done else before.alive
         if not finished:
             return before._replace(
                 any_done=False,
