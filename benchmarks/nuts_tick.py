@@ -11,12 +11,17 @@ transitions; sums taken in a different order can differ in the last bits). With
 ``--against REV`` the NUTS kernel of git revision ``REV`` (its ``hmc/kernels/nuts.py``,
 loaded beside the current package) runs too. ``--crossover`` instead times both
 bookkeepings at 16 to 256 chains (100 + 100 iterations, one run each), to place
-``HOST_MAX_CHAINS``.
+``HOST_MAX_CHAINS``. ``--one-chain`` times one chain (the default kernel, trees on the
+host) on each of ``nuts_anchors.py``'s five targets against the floor of that target,
+with the log density written for one position ``(D,) -> ()`` and batched
+``(1, D) -> (1,)``; the per-tick figure leaves out each run's fixed cost (set-up and the
+DataTree), measured by a one-draw run beside it.
 
 Run from the repository root::
 
     python -m benchmarks.nuts_tick --reps 3
     python -m benchmarks.nuts_tick --crossover
+    python -m benchmarks.nuts_tick --one-chain --reps 3
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from hmc.demo import eight_schools
 
 try:
     from benchmarks.machine import machine
+    from benchmarks.nuts_anchors import TARGETS, inits, torch_log_prob
 except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
     from machine import machine
+    from nuts_anchors import TARGETS, inits, torch_log_prob
 
 PRECISION = torch.tensor([[10.25, -9.74], [-9.74, 10.25]], dtype=torch.float64)
 
@@ -117,16 +124,70 @@ def crossover(iterations: int = 100) -> None:
             )
 
 
+def one_chain(reps: int, iterations: int) -> None:
+    """CPU µs per tick of one chain on each anchor target, without the run's fixed cost,
+    against one bare ``autograd.grad`` of the same function (medians of ``reps``)."""
+    print(
+        f"CPU µs per tick, one chain, {iterations} + {iterations} iterations, medians of "
+        f"{reps}; fixed cost per run (from a one-draw run) subtracted.\n"
+    )
+    print("| target | density | tick (µs) | floor (µs) | tick / floor | fixed (s) | mean n_steps |")
+    print("|---|---|---|---|---|---|---|")
+    for target in TARGETS:
+        batched_lp = torch_log_prob(target)
+        init = torch.as_tensor(inits(target, 1, seed=1)[0])
+        forms = {
+            "one position": (lambda q, f=batched_lp: f(q.unsqueeze(0))[0], False, init),
+            "batched": (batched_lp, True, init.unsqueeze(0)),
+        }
+        for form, (log_prob, batched, point) in forms.items():
+
+            def sample(warmup: int, draws: int, seed: int, lp=log_prob, b=batched, x0=init):
+                started = time.process_time()
+                dt = hmc.sample(
+                    lp, x0, chains=1, warmup=warmup, draws=draws, seed=seed,
+                    batched=b, progress=False,
+                )  # fmt: skip
+                seconds = time.process_time() - started
+                return seconds, int(dt.attrs["n_gradient_evaluations"]), dt
+
+            def floor(calls: int = 300, lp=log_prob, x0=point) -> float:
+                started = time.process_time()
+                for _ in range(calls):
+                    x = x0.detach().requires_grad_()
+                    torch.autograd.grad(lp(x).sum(), x)
+                return (time.process_time() - started) / calls * 1e6
+
+            sample(5, 5, seed=0)  # first-call costs
+            ticks, floors, fixed, steps = [], [], [], []
+            for rep in range(reps):
+                fixed.append(min(sample(0, 1, seed=rep)[0] for _ in range(2)))
+                seconds, grads, dt = sample(iterations, iterations, seed=rep)
+                ticks.append((seconds - fixed[-1]) / grads * 1e6)
+                floors.append(floor())
+                steps.append(float(dt["sample_stats"]["n_steps"].values.mean()))
+            tick, low = statistics.median(ticks), statistics.median(floors)
+            print(
+                f"| {target} | {form} | {tick:.0f} | {low:.0f} | {tick / low:.2f} | "
+                f"{statistics.median(fixed):.2f} | {statistics.mean(steps):.1f} |",
+                flush=True,
+            )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", default=None, help="git revision to compare with")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=300, help="warmup = draws = this")
     parser.add_argument("--crossover", action="store_true", help="16-256 chains, both ways")
+    parser.add_argument("--one-chain", action="store_true", help="one chain, five targets")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.crossover:
         crossover()
+        return
+    if args.one_chain:
+        one_chain(args.reps, args.iterations)
         return
     kernels = {"host": hmc.NUTS(bookkeeping="host"), "tensor": hmc.NUTS(bookkeeping="tensor")}
     if args.against:
