@@ -8,14 +8,15 @@ import itertools
 import math
 import zlib
 
+import numpy as np
 import pytest
 import torch
 from nuts_oracle import Oracle, Point
 
 import hmc
-from hmc.integrators import leapfrog
+from hmc.integrators import leapfrog, leapfrog_numpy
 from hmc.kernels.base import Params
-from hmc.metric import metric_from_inverse
+from hmc.metric import metric_from_inverse, to_numpy
 from hmc.random import Stream, chain_keys, normal, uniform_at
 from hmc.state import State
 
@@ -64,12 +65,21 @@ def run_fast(kernel, log_prob, q0, step_size, inverse, seed):
     return results, keys, potential
 
 
-def run_oracle(log_prob, q0, step, inverse, key, max_depth):
+def run_oracle(log_prob, q0, step, inverse, key, max_depth, host=False):
+    """Stan's transition from the recursive oracle, stepping with the package's leapfrog:
+    the NumPy one when ``host`` (as the host bookkeeping does), else the tensor one."""
     potential = hmc.Potential(log_prob, batched=True)
     metric = metric_from_inverse(inverse.unsqueeze(0))
+    host_metric = to_numpy(metric)
 
     def one_step(z: Point, eps: float) -> Point:
         """The package's leapfrog on a one-row batch."""
+        if host:
+            rows = (z.q.unsqueeze(0).numpy(), z.g.unsqueeze(0).numpy(), z.p.unsqueeze(0).numpy())
+            q, U, g, p = leapfrog_numpy(*rows, np.array([[eps]]), host_metric, potential)
+            return Point(
+                torch.from_numpy(q[0]), float(U[0]), torch.from_numpy(g[0]), torch.from_numpy(p[0])
+            )
         start = State(z.q.unsqueeze(0), torch.tensor([z.U], dtype=z.q.dtype), z.g.unsqueeze(0))
         eps = torch.tensor([[eps]], dtype=z.q.dtype)
         moved, p = leapfrog(start, z.p.unsqueeze(0), eps, metric, potential)
@@ -113,7 +123,10 @@ def assert_matches_oracle(kernel, log_prob, q0, step, inverse, seed, max_depth=1
     point, the acceptance statistic and the energy. Returns the kernel's per-chain info."""
     fast, keys, _ = run_fast(kernel, log_prob, q0, step, inverse, seed=seed)
     for c in range(q0.shape[0]):
-        expected = run_oracle(log_prob, q0[c], step[c].item(), inverse[c], keys[c], max_depth)
+        expected = run_oracle(
+            log_prob, q0[c], step[c].item(), inverse[c], keys[c], max_depth,
+            host=kernel.bookkeeping == "host",
+        )  # fmt: skip
         q, info = fast[c]
         assert info["n_steps"] == expected.n_leapfrog, c
         assert info["tree_depth"] == expected.depth, c
