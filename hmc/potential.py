@@ -124,30 +124,36 @@ class Potential:
         a few CPU chains on the host.
 
         The contract is the same (one run of ``log_prob``, one ``autograd.grad``, counted;
-        ``U = +inf`` and a zero gradient where not finite or where ``log_prob`` raises). A
-        single row of an unbatched, uncached density takes the shortest path there is:
-        its position becomes a leaf without a copy, ``log_p`` itself is differentiated and
-        both are negated in NumPy, so no tensor operation runs beyond the user's function
-        and its backward pass.
+        ``U = +inf`` and a zero gradient where not finite or where ``log_prob`` raises).
+        A batched density, or a single row of an unbatched one, takes the shortest path
+        there is when uncached: the positions become a leaf without a copy, ``log_p``
+        itself is differentiated (its sum, when batched) and both are negated and checked
+        in NumPy, so no tensor operation runs beyond the user's function and its backward
+        pass.
         """
-        if q.shape[0] != 1 or self.batched or self.cache is not None:
+        if self.cache is not None or not (self.batched or q.shape[0] == 1):
             U, grad = self.value_and_grad(torch.from_numpy(q))
             return U.numpy(), grad.numpy()
         try:
             with _distribution_validation_off():
-                x = torch.from_numpy(q[0]).requires_grad_(True)
+                x = torch.from_numpy(q if self.batched else q[0]).requires_grad_(True)
                 log_p = self.log_prob(x)
-                (grad,) = torch.autograd.grad(log_p, x)
+                (grad,) = torch.autograd.grad(log_p.sum() if self.batched else log_p, x)
         except (RuntimeError, ValueError, ArithmeticError) as error:
+            if q.shape[0] > 1:  # find the rows that raise, one at a time
+                U, grad = self._evaluate_rows(torch.from_numpy(q))
+                return U.numpy(), grad.numpy()
             self._warn_raise(error)
-            log_p = None
-        self.evaluations += 1
-        if log_p is not None:
-            U = -log_p.item()
-            g = -grad.numpy()
-            if math.isfinite(U + g.sum()):
-                return np.array([U], dtype=q.dtype), g[None]
-        return np.full(1, np.inf, dtype=q.dtype), np.zeros_like(q)
+            self.evaluations += 1
+            return np.full(1, np.inf, dtype=q.dtype), np.zeros_like(q)
+        self.evaluations += q.shape[0]
+        U = -log_p.detach().numpy().reshape(q.shape[0])
+        g = -grad.numpy().reshape(q.shape)
+        if not math.isfinite(U.sum() + g.sum()):  # a NaN or an infinity somewhere
+            finite = np.isfinite(U + g.sum(-1))
+            U[~finite] = np.inf
+            g[~finite] = 0.0
+        return U, g
 
     def check(self, q: torch.Tensor) -> None:
         """Run ``log_prob`` once on ``q`` ``(C, D)`` and raise a clear error if its output

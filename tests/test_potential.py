@@ -255,6 +255,24 @@ def test_numpy_entry_point_keeps_the_non_finite_contract():
     # a linear density: autograd's gradient of a sum, negated without touching its memory
     U, grad = hmc.Potential(lambda q: q.sum()).value_and_grad_numpy(np.array([[1.0, 2.0, 3.0]]))
     assert U.tolist() == [-6.0] and grad.tolist() == [[-1.0, -1.0, -1.0]]
+
+    # a batched density: its non-finite rows, and a batch that raises (then row by row)
+    def batched(q):
+        if (q[:, 0] > 10).any():
+            raise ValueError("outside the support")
+        value = torch.where(q[:, 0] > 1, torch.nan, -0.5 * (q**2).sum(-1))
+        return value - torch.sqrt(q[:, 1] + 1)
+
+    potential = hmc.Potential(batched, batched=True)
+    U, grad = potential.value_and_grad_numpy(np.array([[2.0, 0.0], [0.0, -1.0], [0.5, 0.0]]))
+    assert U.tolist() == [math.inf, math.inf, 1.125]
+    assert grad.tolist() == [[0.0, 0.0], [0.0, 0.0], [0.5, 0.5]]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        U, grad = potential.value_and_grad_numpy(np.array([[11.0, 0.0], [0.5, 0.0]]))
+    assert U.tolist() == [math.inf, 1.125] and grad.tolist() == [[0.0, 0.0], [0.5, 0.5]]
+    assert any("raised" in str(w.message) for w in caught)
+    assert potential.evaluations == 5
     cached = hmc.Potential(smooth, cache=True)  # a cached density goes through the cache
     cached.value_and_grad_numpy(Q.numpy().copy())
     cached.value_and_grad_numpy(Q.numpy().copy())
