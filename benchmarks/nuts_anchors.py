@@ -106,7 +106,8 @@ def inits(target: str, chains: int, seed: int) -> np.ndarray:
 
 # ====================================================================== log densities
 def torch_log_prob(target: str):
-    """Batched ``(C, D) -> (C,)`` log density in torch (hmc and Pyro)."""
+    """Batched ``(C, D) -> (C,)`` log density in torch (hmc and Pyro); the same function
+    takes one position ``(D,) -> ()``."""
     import torch
 
     f64 = torch.float64
@@ -119,7 +120,7 @@ def torch_log_prob(target: str):
     if target == "funnel10":
 
         def funnel(q):
-            v, x = q[:, 0], q[:, 1:]
+            v, x = q[..., 0], q[..., 1:]
             return -v * v / 18.0 - 0.5 * (x * x).sum(-1) * torch.exp(-v) - 4.5 * v
 
         return funnel
@@ -128,7 +129,7 @@ def torch_log_prob(target: str):
         sigma = torch.tensor(EIGHT_SIGMA, dtype=f64)
 
         def schools(q):
-            mu, log_tau, tt = q[:, 0], q[:, 1], q[:, 2:]
+            mu, log_tau, tt = q[..., 0], q[..., 1], q[..., 2:]
             tau = torch.exp(log_tau)
             lp = -mu * mu / 50.0 - torch.log1p((tau / 5.0) ** 2) + log_tau
             lp = lp - 0.5 * (tt * tt).sum(-1)

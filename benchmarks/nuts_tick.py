@@ -13,9 +13,9 @@ loaded beside the current package) runs too. ``--crossover`` instead times both
 bookkeepings at 16 to 256 chains (100 + 100 iterations, one run each), to place
 ``HOST_MAX_CHAINS``. ``--one-chain`` times one chain (the default kernel, trees on the
 host) on each of ``nuts_anchors.py``'s five targets against the floor of that target,
-with the log density written for one position ``(D,) -> ()`` and batched
-``(1, D) -> (1,)``; the per-tick figure leaves out each run's fixed cost (set-up and the
-DataTree), measured by a one-draw run beside it.
+with the log density passed for one position ``(D,) -> ()`` and as batched
+``(1, D) -> (1,)`` (the same shape-generic function); the per-tick figure leaves out each
+run's fixed cost (set-up and the DataTree), measured by a one-draw run beside it.
 
 Run from the repository root::
 
@@ -134,13 +134,10 @@ def one_chain(reps: int, iterations: int) -> None:
     print("| target | density | tick (µs) | floor (µs) | tick / floor | fixed (s) | mean n_steps |")
     print("|---|---|---|---|---|---|---|")
     for target in TARGETS:
-        batched_lp = torch_log_prob(target)
+        log_prob = torch_log_prob(target)
         init = torch.as_tensor(inits(target, 1, seed=1)[0])
-        forms = {
-            "one position": (lambda q, f=batched_lp: f(q.unsqueeze(0))[0], False, init),
-            "batched": (batched_lp, True, init.unsqueeze(0)),
-        }
-        for form, (log_prob, batched, point) in forms.items():
+        forms = {"one position": (False, init), "batched": (True, init.unsqueeze(0))}
+        for form, (batched, point) in forms.items():
 
             def sample(warmup: int, draws: int, seed: int, lp=log_prob, b=batched, x0=init):
                 started = time.process_time()
