@@ -299,10 +299,10 @@ def _draw_noise(ks: HostNUTSState, keys: torch.Tensor, rows: list[int]) -> None:
     first = [ks.chains[c].transition for c in rows]
     counters = torch.tensor(first).unsqueeze(-1) + torch.arange(_NOISE_BLOCK)
     dim = ks.chains[0].sample[0].shape[0]
-    block = normal(keys[rows], Stream.MOMENTUM, counters, dim, ks.dtype)
+    block = normal(keys[rows], Stream.MOMENTUM, counters, dim, ks.dtype).numpy()
     if ks.noise is None:
-        ks.noise = np.zeros((len(ks.chains), _NOISE_BLOCK, dim), dtype=block.numpy().dtype)
-    ks.noise[rows] = block.numpy()
+        ks.noise = np.zeros((len(ks.chains), _NOISE_BLOCK, dim), dtype=block.dtype)
+    ks.noise[rows] = block
     for c, t in zip(rows, first, strict=True):
         ks.noise_from[c] = t
 
