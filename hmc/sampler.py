@@ -177,7 +177,10 @@ def sample(
         adapt_metric=metric != "identity",
         progress=settings.progress,
     )
-    with _distribution_validation_off():  # once for the run, not per evaluation
+    # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
+    # warnings when the host kernels' arithmetic overflows on a divergent trajectory (an
+    # infinite energy there is a rejection or a divergence, as on tensors).
+    with _distribution_validation_off(), np.errstate(over="ignore", invalid="ignore"):
         params, timing = run(state, params, warm, recorder)
     finished = time.perf_counter()
 
