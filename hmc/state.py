@@ -45,8 +45,9 @@ def true_rows(mask: torch.Tensor, count: int) -> torch.Tensor:
     return torch.argsort((~mask).to(torch.uint8), stable=True)[:count]
 
 
-def take_rows[R: tuple](record: R, rows: torch.Tensor) -> R:
-    """The chains ``rows`` (a ``(K,)`` index tensor) of every field of a (nested) record."""
+def take_rows[R: tuple](record: R, rows: torch.Tensor | np.ndarray) -> R:
+    """The chains ``rows`` of every field of a (nested) record: a ``(K,)`` index tensor
+    for tensor fields, a ``(K,)`` index array for NumPy fields (records kept on the host)."""
     return type(record)(*(_take(x, rows) for x in record))
 
 
@@ -81,7 +82,9 @@ def _where(masks: _Masks, x, y):
 
 
 def _take(x, rows):
-    return take_rows(x, rows) if isinstance(x, tuple) else x.index_select(0, rows)
+    if isinstance(x, tuple):
+        return take_rows(x, rows)
+    return x[rows] if isinstance(x, np.ndarray) else x.index_select(0, rows)
 
 
 def _put(x, rows, v):

@@ -405,7 +405,7 @@ def _integrate_ragged_numpy(
             g[moving],
             p[moving],
             step_size if isinstance(step_size, float) else step_size[moving],
-            type(metric)(*(field[moving] for field in metric)),
+            take_rows(metric, moving),
             potential,
         )
         for array, new in zip((q, U, g, p), rows, strict=True):

@@ -41,7 +41,7 @@ from hmc.kernels.base import Params
 from hmc.metric import Metric, to_numpy
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_scalar
-from hmc.state import State
+from hmc.state import State, take_rows
 
 __all__ = ["HostNUTSState", "advance", "init", "report"]
 
@@ -327,7 +327,7 @@ def _edges(ks: HostNUTSState, busy: list[int]) -> _Edges:
     edges = [ks.chains[c].edge for c in busy]
     metric = ks.metric
     if len(busy) < len(ks.chains):
-        metric = type(metric)(*(field[busy] for field in metric))
+        metric = take_rows(metric, np.array(busy))
     return _Edges(
         busy,
         np.stack([e[0] for e in edges]),
