@@ -32,7 +32,7 @@ from hmc.memo import MemoCache
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential, _distribution_validation_off
 from hmc.random import Stream, chain_keys, uniform
-from hmc.state import State
+from hmc.state import State, as_arrays, as_tensors
 from hmc.target import FlatTarget, Target
 from hmc.to_arviz import to_datatree
 
@@ -173,6 +173,7 @@ def sample(
         warmup=warmup,
         draws=draws,
         schedule=schedule,
+        host_schedule=as_arrays(schedule) if device.type == "cpu" else None,
         target_accept=target_accept,
         adapt_metric=metric != "identity",
         progress=settings.progress,
@@ -233,6 +234,7 @@ class _Loop(NamedTuple):
     warmup: int
     draws: int
     schedule: Any
+    host_schedule: Any  # the schedule with NumPy masks (CPU runs), for the host loop
     target_accept: float
     adapt_metric: bool
     progress: bool
@@ -249,13 +251,17 @@ class _Loop(NamedTuple):
         return params, timing
 
     def _async(self, kernel_state, params: Params, warm, recorder: _Recorder, bar):
-        """Chains on their own iterations: one host read of a few counters per call, or
-        none when the kernel reports on the host which chains finished (``host_done``)."""
+        """Chains on their own iterations: one host read of a few counters per call; none
+        when the kernel reports on the host which chains finished (``host_done``), and the
+        loop then keeps its counters, masks, step sizes and adaptation state in NumPy."""
         chains = recorder.rows.shape[0]
-        device = recorder.rows.device
         total = self.warmup + self.draws
-        iteration = torch.zeros(chains, dtype=torch.int64, device=device)
-        host_iteration = np.zeros(chains, dtype=np.int64)  # for host-reporting kernels
+        host = getattr(kernel_state, "host_done", None) is not None
+        if host:
+            iteration = np.zeros(chains, dtype=np.int64)
+            params, warm = Params(params.step_size.numpy(), params.metric), as_arrays(warm)
+        else:
+            iteration = torch.zeros(chains, dtype=torch.int64, device=recorder.rows.device)
         warmup_seconds, started = 0.0, time.perf_counter()
         useful = slots = 0
         counts = _Counts(False, False, False, 0, 0, chains if self.warmup > 0 else 0, 0, chains)
@@ -265,24 +271,25 @@ class _Loop(NamedTuple):
             kernel_state, done = self.kernel.advance(
                 kernel_state, params, self.potential, self.keys, sampling
             )
-            finished = getattr(kernel_state, "host_done", None)
-            if finished is None:
-                kernel_state, counts = self._read_counts(kernel_state, done, iteration, total)
+            if host:
+                counts = self._host_counts(kernel_state, done, iteration, counts, total)
             else:
-                counts = self._host_counts(kernel_state, finished, host_iteration, counts, total)
+                kernel_state, counts = self._read_counts(kernel_state, done, iteration, total)
             if counts.any_done:
                 new_state, info = self.kernel.report(kernel_state)
-                if finished is None:
-                    recorder.write(done, iteration, new_state, info, params.step_size)
+                if host:
+                    finished = kernel_state.host_done
+                    recorder.write_rows(
+                        finished, iteration[finished], new_state, info, params.step_size
+                    )
                 else:
-                    at = host_iteration[finished] - 1
-                    recorder.write_rows(finished, at, new_state, info, params.step_size)
+                    recorder.write(done, iteration, new_state, info, params.step_size)
                 if counts.any_adapting and warm is not None:
                     adapting = done & (iteration < self.warmup)
                     warm, params = self._adapt(
                         warm, params, adapting, iteration, info, new_state, counts.any_window_end
                     )
-                iteration = iteration + done.to(iteration.dtype)
+                iteration = iteration + done
                 sampling = iteration >= self.warmup
             if counts.warming == 0 and warmup_seconds == 0.0:
                 warmup_seconds = time.perf_counter() - started
@@ -293,6 +300,8 @@ class _Loop(NamedTuple):
                 _show(bar, counts.total_done - done_so_far, recorder)
             if counts.least >= total:
                 break
+        if host:
+            params = Params(torch.from_numpy(params.step_size), params.metric)
         utilization = useful / slots if slots else 1.0
         return params, {"warmup": warmup_seconds, "utilization": utilization}
 
@@ -333,33 +342,37 @@ class _Loop(NamedTuple):
     def _host_counts(
         self,
         kernel_state,
-        finished: list[int],
+        done: np.ndarray,
         iteration: np.ndarray,
         before: _Counts,
         total: int,
     ) -> _Counts:
         """The loop's counters after a call of a kernel that reports its finished chains
-        on the host; ``iteration`` (host copy) is advanced in place."""
+        on the host (``done`` ``(C,)`` and ``iteration`` ``(C,)`` NumPy, before the
+        chains that finished move on)."""
         # the chains not yet through: unchanged unless a chain finished in the last call
         alive = int(np.count_nonzero(iteration < total)) if before.any_done else before.alive
+        finished = kernel_state.host_done
         if not finished:
-            return before._replace(
-                any_done=False,
-                any_adapting=False,
-                any_window_end=False,
-                busy=kernel_state.host_busy,
-                alive=alive,
+            return _Counts(
+                False,
+                False,
+                False,
+                before.total_done,
+                before.least,
+                before.warming,
+                kernel_state.host_busy,
+                alive,
             )
-        at = iteration[finished]
-        adapting = bool((at < self.warmup).any())
-        iteration[finished] += 1
+        at = iteration[finished].tolist()
+        advanced = iteration + done
         return _Counts(
             any_done=True,
-            any_adapting=adapting,
-            any_window_end=any(self.schedule.ends_window(int(i)) for i in at),
-            total_done=int(iteration.sum()),
-            least=int(iteration.min()),
-            warming=int((iteration < self.warmup).sum()),
+            any_adapting=min(at) < self.warmup,
+            any_window_end=any(self.schedule.ends_window(i) for i in at),
+            total_done=before.total_done + len(finished),
+            least=int(advanced.min()),
+            warming=int(np.count_nonzero(advanced < self.warmup)),
             busy=kernel_state.host_busy,
             alive=alive,
         )
@@ -402,11 +415,25 @@ class _Loop(NamedTuple):
         self, warm, params: Params, done, iteration, info, new_state: State, window_ends: bool
     ):
         """Warmup's update for the chains ``done`` ``(C,)`` after their ``iteration``
-        (``window_ends``: whether any of them ends a slow window, from host counters)."""
+        (``window_ends``: whether any of them ends a slow window, from host counters).
+        The host loop's NumPy state is updated in NumPy, except at a window end: that
+        update runs on tensors sharing the arrays' memory."""
+        on_host = isinstance(done, np.ndarray)
+        if on_host and window_ends:
+            warm, params = self._adapt(
+                as_tensors(warm),
+                Params(torch.from_numpy(params.step_size), params.metric),
+                torch.from_numpy(done),
+                torch.from_numpy(iteration),
+                as_tensors(info),
+                as_tensors(new_state),
+                window_ends,
+            )
+            return as_arrays(warm), Params(params.step_size.numpy(), params.metric)
         return warmup_update(
             warm,
             params,
-            self.schedule,
+            self.host_schedule if on_host else self.schedule,
             done,
             iteration,
             info.acceptance_rate,
@@ -500,19 +527,21 @@ class _Recorder:
         info: NamedTuple,
         step_size: torch.Tensor,
     ) -> None:
-        """Record the chains ``rows`` at their ``iterations`` (host values, CPU buffers):
-        NumPy writes into the buffers' memory, no tensor operation per statistic."""
+        """Record the chains ``rows`` at their ``iterations`` (host values, CPU buffers;
+        the state, statistics and step sizes as NumPy arrays or CPU tensors): NumPy writes
+        into the buffers' memory, no tensor operation per statistic."""
         slots = iterations - self.offset
         keep = (slots >= 0) & (slots < self.kept)
         if not keep.all():
             rows, slots = [r for r, k in zip(rows, keep, strict=True) if k], slots[keep]
         if not rows:
             return
-        self.views["x"][rows, slots] = state.position.numpy()[rows]
+        self.views["x"][rows, slots] = np.asarray(state.position)[rows]
         for name, value in self._values(state, info, step_size).items():
+            value = np.asarray(value)
             self._buffer(name, value)
-            self.views[name][rows, slots] = value.numpy()[rows]
-        self.divergences += int(info.diverging.numpy()[rows].sum())
+            self.views[name][rows, slots] = value[rows]
+        self.divergences += int(np.count_nonzero(np.asarray(info.diverging)[rows]))
 
     def write_slot(
         self, iteration: int, state: State, info: NamedTuple, step_size: torch.Tensor
@@ -541,12 +570,15 @@ class _Recorder:
         """Every statistic of a transition by name, ``(C,)`` each."""
         return {"lp": -state.potential, "step_size": step_size, **info._asdict()}
 
-    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+    def _buffer(self, name: str, like: torch.Tensor | np.ndarray) -> torch.Tensor:
         """The buffer of statistic ``name`` (made on first use, with its NumPy view)."""
         buffer = self.buffers.get(name)
         if buffer is None:
             chains = self.rows.shape[0]
-            buffer = torch.zeros(chains, self.kept, dtype=like.dtype, device=like.device)
+            if isinstance(like, np.ndarray):
+                buffer = torch.from_numpy(np.zeros((chains, self.kept), dtype=like.dtype))
+            else:
+                buffer = torch.zeros(chains, self.kept, dtype=like.dtype, device=like.device)
             self.buffers[name] = buffer
             if self.views is not None:
                 self.views[name] = buffer.numpy()

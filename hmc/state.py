@@ -2,8 +2,9 @@
 
 Shapes: ``C`` chains, ``D`` unconstrained dimensions. Every tensor in a record has the
 chain axis first, so the helpers below select, merge and gather chains uniformly for any
-record (a ``NamedTuple`` of tensors). ``where_rows`` also takes records of NumPy arrays,
-which the kernels' host bookkeeping keeps.
+record (a ``NamedTuple`` of tensors). The helpers also take records of NumPy arrays, which
+the host bookkeeping of CPU runs keeps; ``as_arrays`` and ``as_tensors`` turn a record of
+CPU tensors into NumPy arrays sharing its memory and back.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["State", "put_rows", "take_rows", "true_rows", "where_rows"]
+__all__ = [
+    "State",
+    "array_module",
+    "as_arrays",
+    "as_tensors",
+    "put_rows",
+    "take_rows",
+    "true_rows",
+    "where_rows",
+]
 
 
 class State(NamedTuple):
@@ -26,6 +36,33 @@ class State(NamedTuple):
     position: torch.Tensor
     potential: torch.Tensor
     grad: torch.Tensor
+
+
+def array_module(x: torch.Tensor | np.ndarray):
+    """``numpy`` for a NumPy array, ``torch`` for a tensor: the functions the adaptation's
+    arithmetic shares (``where``, ``exp``, ``log``, ``sqrt``, ``nan_to_num``) have the same
+    signature in both."""
+    return np if isinstance(x, np.ndarray) else torch
+
+
+def as_arrays(record):
+    """A (nested) record with every CPU tensor replaced by the NumPy array that shares its
+    memory; other fields (numbers, lists, arrays) are kept as they are."""
+    if isinstance(record, torch.Tensor):
+        return record.numpy()
+    if isinstance(record, tuple) and hasattr(record, "_fields"):
+        return type(record)(*map(as_arrays, record))
+    return record
+
+
+def as_tensors(record):
+    """The inverse of :func:`as_arrays`: NumPy arrays become CPU tensors sharing their
+    memory."""
+    if isinstance(record, np.ndarray):
+        return torch.from_numpy(record)
+    if isinstance(record, tuple) and hasattr(record, "_fields"):
+        return type(record)(*map(as_tensors, record))
+    return record
 
 
 def where_rows[R: tuple](mask: torch.Tensor | np.ndarray, a: R, b: R) -> R:

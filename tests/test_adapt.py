@@ -258,3 +258,54 @@ def test_warmup_reaches_the_target_acceptance(standard_normal):
         finals[target_accept] = step[:, 0]
     # a higher target needs smaller steps
     assert finals[0.9].max() < finals[0.6].min(), finals
+
+
+def test_host_loop_adaptation_matches_the_tensor_one(standard_normal):
+    """The driver's host loop adapts in NumPy (and on tensors sharing that memory at a
+    window end): over a whole warmup schedule, with chains finishing on their own
+    iterations, it gives the tensor loop's step sizes, metric and estimates to rounding."""
+    from collections import namedtuple
+
+    from hmc.sampler import _Loop
+    from hmc.state import as_arrays
+
+    chains, dim, warmup = 3, 2, 150  # one slow window, (75, 99)
+    potential = hmc.Potential(standard_normal, batched=True)
+    keys = chain_keys(3, torch.arange(chains))
+    schedule = build_schedule(warmup)
+    loop = _Loop(
+        kernel=None, potential=potential, keys=keys, warmup=warmup, draws=1,
+        schedule=schedule, host_schedule=as_arrays(schedule), target_accept=0.8,
+        adapt_metric=True, progress=False,
+    )  # fmt: skip
+    Info = namedtuple("Info", "acceptance_rate")
+    q = torch.full((chains, dim), 0.3, dtype=DTYPE)
+    unit = torch.ones(chains, dim, dtype=DTYPE)
+    params = Params(torch.ones(chains, dtype=DTYPE), metric_from_inverse(unit))
+    start = hmc.State(q, *potential.value_and_grad(q))
+    warm, params = warmup_init(start, params, potential, keys, False)
+    host_warm, host_params = as_arrays(warm), Params(params.step_size.numpy(), params.metric)
+    iteration = torch.zeros(chains, dtype=torch.int64)
+    rng = np.random.default_rng(0)
+    ends = 0
+    while int(iteration.min()) < warmup:
+        done = torch.from_numpy(rng.random(chains) < 0.6) & (iteration < warmup)
+        q = torch.from_numpy(rng.normal(size=(chains, dim)) * [1.0, 3.0])
+        state = hmc.State(q, *potential.value_and_grad(q))
+        accept = torch.from_numpy(rng.random(chains))
+        window_ends = any(schedule.ends_window(int(i)) for i in iteration[done])
+        ends += window_ends
+        warm, params = loop._adapt(warm, params, done, iteration, Info(accept), state, window_ends)
+        host_warm, host_params = loop._adapt(
+            host_warm, host_params, done.numpy(), iteration.numpy(), as_arrays(Info(accept)),
+            as_arrays(state), window_ends,
+        )  # fmt: skip
+        assert isinstance(host_params.step_size, np.ndarray)
+        iteration = iteration + done
+    assert ends >= 1
+    np.testing.assert_allclose(host_params.step_size, params.step_size.numpy(), rtol=1e-12)
+    assert not torch.equal(params.metric.inverse, unit)  # the window end set the metric
+    np.testing.assert_allclose(host_params.metric.inverse.numpy(), params.metric.inverse.numpy())
+    for host, tensor in zip(host_warm.dual_averaging, warm.dual_averaging, strict=True):
+        np.testing.assert_allclose(host, tensor.numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(host_warm.search_counter, warm.search_counter.numpy())

@@ -53,11 +53,11 @@ def run_fast(kernel, log_prob, q0, step_size, inverse, seed):
         ks, done = kernel.advance(ks, params, potential, keys, sampling)
         if hasattr(ks, "flags"):  # the batched bookkeeping reads its flags once per tick
             ks = kernel.with_host_flags(ks, ks.flags.tolist())
-        if done.any():
+        if done.any():  # a tensor, or a NumPy array from the host bookkeeping
             state, info = kernel.report(ks)
-            for c in done.nonzero().flatten().tolist():
+            for c in np.flatnonzero(np.asarray(done)).tolist():
                 results[c] = (
-                    state.position[c].clone(),
+                    torch.tensor(np.asarray(state.position[c])),
                     {k: v[c].item() for k, v in info._asdict().items()},
                 )
         if len(results) == chains:

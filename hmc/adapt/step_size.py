@@ -4,7 +4,8 @@ Dual averaging (``stepsize_adaptation.hpp``) drives each chain's acceptance stat
 ``target`` (0.8): after every warmup iteration ``eps = exp(x)``, and at the end of warmup
 ``eps = exp(x_bar)``, the average of the iterates since the last restart. Every tensor is
 ``(C,)``, one entry per chain, and updates take a mask so that chains at different
-iterations adapt on their own schedules.
+iterations adapt on their own schedules. The dual-averaging functions take NumPy arrays as
+well (the driver's host loop keeps its adaptation state in NumPy).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hmc.integrators import leapfrog
 from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.random import Stream, normal
-from hmc.state import State, take_rows, true_rows, where_rows
+from hmc.state import State, array_module, take_rows, true_rows, where_rows
 
 __all__ = [
     "DualAveragingState",
@@ -52,9 +53,10 @@ def dual_averaging_init(
 ) -> DualAveragingState:
     """A fresh state at ``step_size`` ``(C,)`` with ``mu = log(10 eps)``, ``eps`` being
     ``shrink_towards`` ``(C,)`` when given and ``step_size`` otherwise."""
-    zeros = torch.zeros_like(step_size)
-    log_eps = torch.log(step_size)
-    log_mu_eps = log_eps if shrink_towards is None else torch.log(shrink_towards)
+    xp = array_module(step_size)
+    zeros = xp.zeros_like(step_size)
+    log_eps = xp.log(step_size)
+    log_mu_eps = log_eps if shrink_towards is None else xp.log(shrink_towards)
     return DualAveragingState(zeros, zeros, zeros, math.log(10.0) + log_mu_eps, log_eps)
 
 
@@ -68,11 +70,12 @@ def dual_averaging_update(
     t0: float = T0,
 ) -> DualAveragingState:
     """One step of Stan's ``learn_stepsize`` for the chains in ``mask`` ``(C,)``."""
+    xp = array_module(accept_stat)
     counter = state.counter + 1
-    accept = torch.clamp(torch.nan_to_num(accept_stat, nan=0.0), max=1.0)
+    accept = xp.nan_to_num(accept_stat, nan=0.0).clip(None, 1.0)
     eta = 1.0 / (counter + t0)
     s_bar = (1 - eta) * state.s_bar + eta * (target - accept)
-    x = state.mu - s_bar * torch.sqrt(counter) / gamma
+    x = state.mu - s_bar * xp.sqrt(counter) / gamma
     weight = counter ** (-kappa)
     x_bar = (1 - weight) * state.x_bar + weight * x
     new = DualAveragingState(counter, s_bar, x_bar, state.mu, x)
@@ -81,7 +84,7 @@ def dual_averaging_update(
 
 def dual_averaging_final(state: DualAveragingState) -> torch.Tensor:
     """The adapted step sizes ``exp(x_bar)`` ``(C,)``."""
-    return torch.exp(state.x_bar)
+    return array_module(state.x_bar).exp(state.x_bar)
 
 
 def find_reasonable_step_size(

@@ -14,6 +14,11 @@ size (Stan sets ``mu`` from its ``stepsize`` argument before the heuristic runs)
 
 Because every step takes a mask of the chains that just finished a transition, chains can
 be at different iterations (as they are under asynchronous NUTS).
+
+``warmup_update`` also runs on NumPy arrays (state, mask, statistics, step sizes and the
+schedule's masks) when no chain ends a window: the driver's host loop for CPU kernels
+keeps its adaptation state in NumPy, where a handful of updates per transition cost far
+less than as tensor operations, and passes tensors sharing that memory at a window end.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, we
 from hmc.kernels.base import Params
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential
-from hmc.state import State, take_rows, where_rows
+from hmc.state import State, array_module, take_rows, where_rows
 
 __all__ = ["WarmupState", "warmup_init", "warmup_update"]
 
@@ -85,21 +90,22 @@ def warmup_update(
 
     ``window_ends=False`` says, from the caller's host counters, that no chain in ``done``
     ends a slow window: the metric update (which must find those chains, a device read)
-    is then skipped.
+    is then skipped. Only then may the arrays be NumPy arrays (the metric stays tensors).
 
     ``accept_stat`` ``(C,)`` and ``state`` are the finished transitions' statistic and new
     states. Returns the new adaptation state and kernel parameters.
     """
+    xp = array_module(done)
     last = schedule.num_warmup - 1
-    t = iteration.clamp(0, last)
+    t = iteration.clip(0, last)
     da = dual_averaging_update(warm.dual_averaging, accept_stat, done, target=target_accept)
-    step_size = torch.where(done, torch.exp(da.log_step_size), params.step_size)
+    step_size = xp.where(done, xp.exp(da.log_step_size), params.step_size)
     metric, welford, search = params.metric, warm.welford, warm.search_counter
     if adapt_metric and schedule.adapts_metric:
         in_window = schedule.in_window[t] & done
         welford = welford_update(welford, state.position, in_window)
         ends = (schedule.window_end[t] & done).nonzero().flatten() if window_ends else t[:0]
-        if ends.numel() > 0:
+        if len(ends) > 0:
             welford_ends = take_rows(welford, ends)
             inverse = params.metric.inverse.index_copy(0, ends, welford_covariance(welford_ends))
             metric = metric_from_inverse(inverse)
@@ -124,5 +130,5 @@ def warmup_update(
             is_end = torch.zeros_like(done).index_fill(0, ends, True)
             da = where_rows(is_end, restarted, da)
     finishing = done & (iteration == last)
-    step_size = torch.where(finishing, dual_averaging_final(da), step_size)
+    step_size = xp.where(finishing, dual_averaging_final(da), step_size)
     return WarmupState(da, welford, search), Params(step_size, metric)

@@ -1,4 +1,7 @@
-"""Welford's streaming mean and (co)variance, per chain, with Stan's regularisation."""
+"""Welford's streaming mean and (co)variance, per chain, with Stan's regularisation.
+
+``welford_update`` also takes NumPy arrays (the driver's host loop keeps its adaptation
+state in NumPy)."""
 
 from __future__ import annotations
 
@@ -34,10 +37,10 @@ def welford_update(state: WelfordState, x: torch.Tensor, mask: torch.Tensor) -> 
     """Add ``x`` ``(C, D)`` to the chains where ``mask`` ``(C,)`` is True."""
     count = state.count + 1
     delta = x - state.mean
-    mean = state.mean + delta / count.unsqueeze(-1)
+    mean = state.mean + delta / count[:, None]
     after = x - mean
-    if state.m2.dim() == 3:
-        m2 = state.m2 + delta.unsqueeze(-1) * after.unsqueeze(-2)
+    if state.m2.ndim == 3:
+        m2 = state.m2 + delta[:, :, None] * after[:, None, :]
     else:
         m2 = state.m2 + delta * after
     return where_rows(mask, WelfordState(count, mean, m2), state)

@@ -61,7 +61,8 @@ class Kernel(Protocol):
         driver then keeps its counters on the host. A kernel whose state knows on the host
         which chains finished (NUTS with its trees on the host) exposes them as a list
         ``host_done`` and the number of chains that moved as ``host_busy``; the driver then
-        reads nothing from the device.
+        reads nothing from the device, and keeps ``sampling``, ``done``, the step sizes
+        and the report's states and statistics as NumPy arrays.
         """
         ...
 

@@ -292,7 +292,8 @@ class NUTS:
 
         ``sampling`` ``(C,)`` selects the sampling-phase depth cap for transitions that
         start now. Returns the new kernel state and ``done`` ``(C,)``, the chains whose
-        transition ended (their draws and statistics come from :meth:`report`).
+        transition ended (their draws and statistics come from :meth:`report`); with the
+        host bookkeeping ``done`` is a NumPy array, and ``sampling`` may be one.
         """
         if isinstance(kernel_state, nuts_host.HostNUTSState):
             return nuts_host.advance(kernel_state, params, potential, keys, sampling)
@@ -353,7 +354,8 @@ class NUTS:
     @staticmethod
     def report(kernel_state: NUTSState) -> tuple[State, NUTSInfo]:
         """The draws and statistics of the transitions that ended in the last tick
-        (valid in the rows of the chains reported ``done``)."""
+        (valid in the rows of the chains reported ``done``): tensors, or NumPy arrays
+        with the host bookkeeping."""
         if isinstance(kernel_state, nuts_host.HostNUTSState):
             state, stats = nuts_host.report(kernel_state)
             return state, NUTSInfo(**stats)

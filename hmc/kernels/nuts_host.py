@@ -115,7 +115,7 @@ class HostNUTSState:
         self.dtype = dtype
         self.depths = depths  # (warmup, sampling) depth caps
         self.max_energy_error = max_energy_error
-        self.nobody = torch.zeros(len(chains), dtype=torch.bool)
+        self.nobody = np.zeros(len(chains), dtype=bool)  # ``done`` when no chain finished
         self.rows = np.arange(len(chains))
         # momentum noise (C, _NOISE_BLOCK, D) of transitions noise_from[c] onwards
         self.noise: np.ndarray | None = None
@@ -175,9 +175,10 @@ def advance(
     params: Params,
     potential: Potential,
     keys: torch.Tensor,
-    sampling: torch.Tensor,
-) -> tuple[HostNUTSState, torch.Tensor]:
-    """One tick (see :meth:`hmc.NUTS.advance`); returns the state and ``done`` ``(C,)``."""
+    sampling: torch.Tensor | np.ndarray,
+) -> tuple[HostNUTSState, np.ndarray]:
+    """One tick (see :meth:`hmc.NUTS.advance`); returns the state and ``done`` ``(C,)``,
+    a NumPy bool array (the same chains as the list ``ks.host_done``)."""
     chains = ks.chains
     if ks.keys is not keys:
         ks.keys, ks.tree_keys = keys, stream_keys(keys, Stream.TREE).tolist()
@@ -212,14 +213,15 @@ def advance(
     ks.host_done = finished
     if not finished:
         return ks, ks.nobody
-    done = ks.nobody.clone()
+    done = np.zeros(len(chains), dtype=bool)
     done[finished] = True
     return ks, done
 
 
-def report(ks: HostNUTSState) -> tuple[State, dict[str, torch.Tensor]]:
+def report(ks: HostNUTSState) -> tuple[State, dict[str, np.ndarray]]:
     """Every chain's last draw and the statistics of its last transition, ``(C,)`` each
-    under their ArviZ names (valid in the rows of the chains reported ``done``)."""
+    under their ArviZ names (valid in the rows of the chains reported ``done``), as NumPy
+    arrays: a state of ``(C, D)`` and ``(C,)`` arrays and a dict of ``(C,)`` arrays."""
     chains = ks.chains
     samples = [chain.sample for chain in chains]
     floats = np.array(
@@ -239,9 +241,8 @@ def report(ks: HostNUTSState) -> tuple[State, dict[str, torch.Tensor]]:
             [chain.depth >= chain.max_depth for chain in chains],
         ]
     )
-    position = torch.from_numpy(np.stack([s[0] for s in samples]))
-    grad = torch.from_numpy(np.stack([s[2] for s in samples]))
-    floats, ints, flags = torch.from_numpy(floats), torch.from_numpy(ints), torch.from_numpy(flags)
+    position = np.stack([s[0] for s in samples])
+    grad = np.stack([s[2] for s in samples])
     info = {
         "acceptance_rate": floats[4],
         "n_steps": ints[0],
