@@ -147,9 +147,14 @@ class Potential:
             self.evaluations += 1
             return np.full(1, np.inf, dtype=q.dtype), np.zeros_like(q)
         self.evaluations += q.shape[0]
-        U = -log_p.detach().numpy().reshape(q.shape[0])
+        if self.batched:
+            U = -log_p.detach().numpy().reshape(q.shape[0])
+            total = U.sum()
+        else:  # one row: its value as a float, without a detached copy of the tensor
+            total = -log_p.item()
+            U = np.array([total], dtype=q.dtype)
         g = -grad.numpy().reshape(q.shape)
-        if not math.isfinite(U.sum() + g.sum()):  # a NaN or an infinity somewhere
+        if not math.isfinite(total + g.sum()):  # a NaN or an infinity somewhere
             finite = np.isfinite(U + g.sum(-1))
             U[~finite] = np.inf
             g[~finite] = 0.0

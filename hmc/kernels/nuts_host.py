@@ -24,8 +24,9 @@ edges are stacked into ``(B, D)`` NumPy arrays and take one leapfrog step
 tree: the sub-subtrees the leaf closes are merged one level at a time (Stan's
 ``build_tree`` unrolled over the trailing one-bits of the leaf's index, with a stack of
 completed left halves, one per level) and a completed doubling merges into the
-trajectory. Every vector a chain keeps is its own ``(D,)`` copy (never a view that would
-keep a whole tick's ``(B, D)`` array alive), so memory is ``O(C x max_tree_depth x D)``.
+trajectory. Every vector a chain keeps is its own ``(D,)`` copy, or a row of a tick's
+``(1, D)`` array when it was the only chain to move, never a view that would keep a whole
+``(B, D)`` array alive, so memory is ``O(C x max_tree_depth x D)``.
 """
 
 from __future__ import annotations
@@ -202,9 +203,13 @@ def advance(
     q, U, g, p, v, H = _leapfrog_step(ks, potential)
     max_energy_error = ks.max_energy_error
     finished = []
+    alone = len(busy) == 1  # the (1, D) arrays are that chain's own: no copies needed
     for i, c in enumerate(busy):
         chain = chains[c]
-        leaf = (q[i].copy(), U[i], g[i].copy(), p[i].copy(), v[i].copy())
+        if alone:
+            leaf = (q[0], U[0], g[0], p[0], v[0])
+        else:
+            leaf = (q[i].copy(), U[i], g[i].copy(), p[i].copy(), v[i].copy())
         if _add_leaf(chain, leaf, H[i], max_energy_error, ks.tree_keys[c]):
             chain.transition += 1
             chain.in_flight = False
@@ -342,15 +347,14 @@ def _edges(ks: HostNUTSState, busy: list[int]) -> _Edges:
 def _leapfrog_step(ks: HostNUTSState, potential: Potential):
     """One batched leapfrog step from the edges in ``ks.last``, which then holds the new
     leaves: returns NumPy ``(B, D)`` positions, gradients, momenta and velocities, and
-    lists of potentials and energies (``+inf`` where not finite)."""
+    lists of potentials and energies (a NaN energy counts as ``+inf`` in :func:`_add_leaf`)."""
     edges = ks.last
     metric = edges.metric
     q, U, g, p = leapfrog_numpy(
         edges.position, edges.grad, edges.momentum, edges.step_size, metric, potential
     )
-    ks.last = edges._replace(position=q, grad=g, momentum=p)
+    ks.last = _Edges(edges.busy, q, g, p, edges.step_size, metric)
     energy = U + metric.kinetic_energy(p)
-    energy[~(energy <= math.inf)] = math.inf  # NaN counts as +inf
     return q, U.tolist(), g, p, metric.velocity(p), energy.tolist()
 
 
@@ -361,6 +365,8 @@ def _add_leaf(
     completed doubling, merge into the trajectory and test the whole. Returns whether the
     transition ended at this leaf."""
     q, U, g, p, v = leaf
+    if energy != energy:  # NaN counts as +inf
+        energy = math.inf
     error = energy - chain.start_energy
     log_w = -error  # H0 - H
     chain.n_steps += 1
