@@ -51,7 +51,7 @@ _TREE_DRAWS = 1 << nuts_host.TREE_DRAWS_BITS  # uniforms per transition (TREE st
 
 #: ``bookkeeping="auto"`` keeps the trees on the host for CPU runs of at most this many
 #: chains (measured crossover in ``benchmarks/RESULTS.md``)
-HOST_MAX_CHAINS = 64
+HOST_MAX_CHAINS = 128
 
 
 class NUTSInfo(NamedTuple):
