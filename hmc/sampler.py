@@ -259,7 +259,7 @@ class _Loop(NamedTuple):
         host = getattr(kernel_state, "host_done", None) is not None
         if host:
             iteration = np.zeros(chains, dtype=np.int64)
-            params, warm = Params(params.step_size.numpy(), params.metric), as_arrays(warm)
+            params, warm = _host_params(params), as_arrays(warm)
         else:
             iteration = torch.zeros(chains, dtype=torch.int64, device=recorder.rows.device)
         warmup_seconds, started = 0.0, time.perf_counter()
@@ -301,7 +301,7 @@ class _Loop(NamedTuple):
             if counts.least >= total:
                 break
         if host:
-            params = Params(torch.from_numpy(params.step_size), params.metric)
+            params = _tensor_params(params)
         utilization = useful / slots if slots else 1.0
         return params, {"warmup": warmup_seconds, "utilization": utilization}
 
@@ -379,10 +379,17 @@ class _Loop(NamedTuple):
 
     def _lockstep(self, kernel_state, params: Params, warm, recorder: _Recorder, bar):
         """Kernels whose every call is one iteration of every chain (static HMC): the
-        counters live on the host, and nothing is read from the device."""
+        counters live on the host, and nothing is read from the device. A kernel that
+        keeps its chains on the host (``on_host``) gets NumPy masks and step sizes, and
+        the adaptation state is kept in NumPy, as in :meth:`_async`."""
         chains = recorder.rows.shape[0]
         device = recorder.rows.device
-        warming = torch.zeros(chains, dtype=torch.bool, device=device)  # the sampling masks
+        host = getattr(kernel_state, "on_host", False)
+        if host:
+            params, warm = _host_params(params), as_arrays(warm)
+            warming = np.zeros(chains, dtype=bool)  # the sampling masks
+        else:
+            warming = torch.zeros(chains, dtype=torch.bool, device=device)
         sampling = ~warming
         warmup_seconds, started = 0.0, time.perf_counter()
         useful = 0.0  # becomes a tensor (no device read) or a NumPy float, as busy is
@@ -401,13 +408,15 @@ class _Loop(NamedTuple):
             if t >= self.warmup:
                 useful = useful + kernel_state.busy.sum()
             elif warm is not None:
-                iteration = torch.full((chains,), t, device=device)
+                iteration = np.full(chains, t) if host else torch.full((chains,), t, device=device)
                 window_end = self.schedule.ends_window(t)
                 warm, params = self._adapt(
                     warm, params, done, iteration, info, new_state, window_end
                 )
             if bar is not None:
                 _show(bar, chains, recorder)
+        if host:
+            params = _tensor_params(params)
         utilization = float(useful) / (chains * self.draws)
         return params, {"warmup": warmup_seconds, "utilization": utilization}
 
@@ -422,14 +431,14 @@ class _Loop(NamedTuple):
         if on_host and window_ends:
             warm, params = self._adapt(
                 as_tensors(warm),
-                Params(torch.from_numpy(params.step_size), params.metric),
+                _tensor_params(params),
                 torch.from_numpy(done),
                 torch.from_numpy(iteration),
                 as_tensors(info),
                 as_tensors(new_state),
                 window_ends,
             )
-            return as_arrays(warm), Params(params.step_size.numpy(), params.metric)
+            return as_arrays(warm), _host_params(params)
         return warmup_update(
             warm,
             params,
@@ -461,6 +470,17 @@ class _Counts(NamedTuple):
     warming: int
     busy: int
     alive: int
+
+
+def _host_params(params: Params) -> Params:
+    """``params`` for the host loop: NumPy step sizes sharing the CPU tensor's memory (the
+    metric stays tensors; the host kernels convert it when it changes)."""
+    return Params(params.step_size.numpy(), params.metric)
+
+
+def _tensor_params(params: Params) -> Params:
+    """The inverse of :func:`_host_params`."""
+    return Params(torch.from_numpy(params.step_size), params.metric)
 
 
 def _show(bar, new_draws: int, recorder: _Recorder) -> None:
@@ -558,12 +578,12 @@ class _Recorder:
             self.divergences = self.divergences + info.diverging.sum()
             return
         views = self.views
-        views["x"][:, slot] = state.position.numpy()
+        views["x"][:, slot] = np.asarray(state.position)
         for name, value in values.items():
             if name not in views:
-                self._buffer(name, value)
-            views[name][:, slot] = value.numpy()
-        self.divergences += int(np.count_nonzero(info.diverging.numpy()))
+                self._buffer(name, np.asarray(value))
+            views[name][:, slot] = value
+        self.divergences += int(np.count_nonzero(np.asarray(info.diverging)))
 
     @staticmethod
     def _values(state: State, info: NamedTuple, step_size: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -263,14 +263,14 @@ def test_host_bookkeeping_runs_the_tensor_transitions(num_steps, dense, chains):
     (tensor, tensor_count), (host, host_count) = runs["tensor"], runs["host"]
     assert host_count == tensor_count
     for (state_t, info_t), (state_h, info_h) in zip(tensor, host, strict=True):
-        for a, b in zip(state_h, state_t, strict=True):
-            assert isinstance(a, torch.Tensor) and a.dtype == b.dtype
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        for a, b in zip(state_h, state_t, strict=True):  # the host reports NumPy arrays
+            assert isinstance(a, np.ndarray) and torch.from_numpy(a).dtype == b.dtype
+            np.testing.assert_allclose(a, b.numpy(), rtol=1e-12, atol=1e-12)
         for name, a, b in zip(info_h._fields, info_h, info_t, strict=True):
-            assert a.dtype == b.dtype, name
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
-    rates = torch.stack([info.acceptance_rate for _, info in host])
-    assert (rates < 1).float().mean() > 0.3 and (rates > 0.5).float().mean() > 0.3
+            assert torch.from_numpy(a).dtype == b.dtype, name
+            np.testing.assert_allclose(a, b.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+    rates = np.stack([info.acceptance_rate for _, info in host])
+    assert (rates < 1).mean() > 0.3 and (rates > 0.5).mean() > 0.3
 
 
 def test_host_bookkeeping_rejects_a_divergence_without_nan():
@@ -290,7 +290,7 @@ def test_host_bookkeeping_rejects_a_divergence_without_nan():
             ks, params([0.5], torch.ones(1, 2, dtype=DTYPE)), potential, keys, sampling
         )
         state, info = kernel.report(ks)
-        assert torch.isfinite(state.potential).all() and not torch.isnan(info.energy).any()
+        assert np.isfinite(state.potential).all() and not np.isnan(info.energy).any()
         if info.diverging[0]:
             diverged += 1
             assert info.acceptance_rate[0] == 0 and info.energy_error[0] == 0

@@ -264,6 +264,32 @@ def test_lockstep_loop_equals_the_general_loop(num_steps):
     assert_identical(fast, general)
 
 
+@pytest.mark.parametrize("num_steps", [None, 3])
+def test_static_hmc_host_and_tensor_bookkeeping_give_the_same_run(num_steps):
+    """With the host bookkeeping the lockstep loop keeps step sizes and the adaptation in
+    NumPy: a short warmup, recorded, gives the tensor loop's run to rounding (NumPy's
+    kicks round without fused multiply-adds; energy errors of 1e8 in the first warmup
+    iterations differ in the 13th digit), with the same numbers of steps, the same
+    divergences and the same gradient count; both record every statistic in the same
+    dtype."""
+    options = dict(warmup=15, draws=30, save_warmup=True, seed=6)
+    runs = [
+        small_run(kernel=hmc.HMC(num_steps=num_steps, bookkeeping=b), **options)
+        for b in ("host", "tensor")
+    ]
+    host, tensor = (all_arrays(dt) for dt in runs)
+    assert host.keys() == tensor.keys()
+    for key, value in host.items():
+        assert value.dtype == tensor[key].dtype, key
+        if value.dtype.kind in "biu":  # steps, divergences, coordinates
+            assert np.array_equal(value, tensor[key]), key
+        else:
+            np.testing.assert_allclose(value, tensor[key], rtol=1e-9, atol=1e-9, err_msg=str(key))
+    assert runs[0].attrs["n_gradient_evaluations"] == runs[1].attrs["n_gradient_evaluations"]
+    step = runs[0]["warmup_sample_stats"]["step_size"].values
+    assert not (step == step[:, :1]).all()  # the step sizes did adapt
+
+
 def test_recorder_writes_the_same_through_views_and_tensor_indexing():
     """On the CPU the recorder writes through NumPy views of its buffers; on other
     devices it indexes the tensors. Both record the same values in the same slots."""
@@ -271,6 +297,7 @@ def test_recorder_writes_the_same_through_views_and_tensor_indexing():
     from hmc.metric import metric_from_inverse
     from hmc.random import chain_keys
     from hmc.sampler import _Recorder
+    from hmc.state import as_tensors
 
     potential = hmc.Potential(ELEMENTWISE)
     q = torch.tensor([[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]], dtype=torch.float64)
@@ -286,15 +313,16 @@ def test_recorder_writes_the_same_through_views_and_tensor_indexing():
     keys, sampling = chain_keys(0, torch.arange(2)), torch.ones(2, dtype=torch.bool)
     for t in range(5):
         ks, _ = kernel.advance(ks, params, potential, keys, sampling)
-        new_state, info = kernel.report(ks)
-        for recorder in (views, indexing):
-            recorder.write_slot(t, new_state, info, params.step_size)
+        new_state, info = kernel.report(ks)  # NumPy arrays from the host bookkeeping
+        views.write_slot(t, new_state, info, params.step_size)
+        # tensor indexing serves the tensor bookkeeping, which reports tensors
+        indexing.write_slot(t, as_tensors(new_state), as_tensors(info), params.step_size)
     assert torch.equal(views.positions, indexing.positions)
     assert views.buffers.keys() == indexing.buffers.keys() == STAT_NAMES
     for name, buffer in views.buffers.items():
         assert torch.equal(buffer, indexing.buffers[name]), name
     assert int(views.divergences) == int(indexing.divergences)
-    assert torch.equal(views.positions[:, -1], new_state.position)  # the last slot: t = 4
+    assert np.array_equal(views.positions[:, -1].numpy(), new_state.position)  # slot t = 4
 
 
 def test_seed_none_is_random_and_recorded():

@@ -61,8 +61,10 @@ class Kernel(Protocol):
         driver then keeps its counters on the host. A kernel whose state knows on the host
         which chains finished (NUTS with its trees on the host) exposes them as a list
         ``host_done`` and the number of chains that moved as ``host_busy``; the driver then
-        reads nothing from the device, and keeps ``sampling``, ``done``, the step sizes
-        and the report's states and statistics as NumPy arrays.
+        reads nothing from the device. Such a kernel, and a synchronous one whose state has
+        a true ``on_host`` attribute, keeps its chains in NumPy on the CPU: the driver
+        passes ``sampling`` and the step sizes as NumPy arrays and takes ``done`` and the
+        report's states and statistics as NumPy arrays.
         """
         ...
 

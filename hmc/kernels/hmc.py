@@ -83,7 +83,8 @@ class HMCState(NamedTuple):
     transitions ``transitions - transitions % B`` onwards, drawn ``B`` at a time;
     ``everyone``, an all-True ``(C,)`` mask (the ``done`` of every call); and
     ``host_params``, the last parameters the host bookkeeping converted. With the host
-    bookkeeping, ``state``, ``info``, ``busy`` and ``block`` hold NumPy arrays."""
+    bookkeeping, ``state``, ``info``, ``busy``, ``block`` and ``everyone`` hold NumPy
+    arrays."""
 
     state: State
     transitions: int
@@ -91,7 +92,7 @@ class HMCState(NamedTuple):
     info: HMCInfo | None
     busy: torch.Tensor | np.ndarray
     block: HMCDraws | None
-    everyone: torch.Tensor
+    everyone: torch.Tensor | np.ndarray
     host_params: HostParams | None
 
     @property
@@ -174,6 +175,7 @@ class HMC:
                 f"tensors, got device {device}; use bookkeeping='tensor'"
             )
         host_state = State(*(x.detach().numpy() for x in state))
+        everyone = np.ones(chains, dtype=bool)
         return HMCState(host_state, 0, limit, None, np.ones(chains), None, everyone, None)
 
     def advance(
@@ -186,12 +188,13 @@ class HMC:
     ) -> tuple[HMCState, torch.Tensor]:
         """One transition of every chain, if they have transitions left (see
         :class:`hmc.kernels.base.Kernel`); chains run in lockstep, so ``done`` is all or
-        nothing."""
+        nothing. With the host bookkeeping ``done`` is a NumPy array, and the step sizes
+        may be one."""
         ks = kernel_state
         if ks.transitions >= ks.limit:
             return ks._replace(busy=ks.busy * 0), ~ks.everyone
         chains, dim = ks.state.position.shape
-        device, dtype = ks.everyone.device, params.step_size.dtype
+        device, dtype = keys.device, params.metric.inverse.dtype
         block = ks.block
         size = max(1, min(MAX_BLOCK, BLOCK_VALUES // (chains * (dim + 2))))
         slot = ks.transitions % size
@@ -221,12 +224,10 @@ class HMC:
 
     @staticmethod
     def report(kernel_state: HMCState) -> tuple[State, HMCInfo]:
-        """The states and statistics of the last transitions (tensors)."""
-        ks = kernel_state
-        assert ks.info is not None, "report() comes after advance()"
-        if not ks.on_host:
-            return ks.state, ks.info
-        return State(*map(torch.from_numpy, ks.state)), HMCInfo(*map(torch.from_numpy, ks.info))
+        """The states and statistics of the last transitions: tensors, or NumPy arrays
+        with the host bookkeeping."""
+        assert kernel_state.info is not None, "report() comes after advance()"
+        return kernel_state.state, kernel_state.info
 
     def draws(
         self, keys: torch.Tensor, counter: torch.Tensor, dim: int, dtype: torch.dtype
@@ -306,7 +307,7 @@ class HMC:
                 q, U, g, p = leapfrog_numpy(q, g, p, step_size, metric, potential)
         else:
             u = torch.from_numpy(draws.steps)
-            steps = self._num_steps(params.source.step_size, u).numpy()
+            steps = self._num_steps(torch.as_tensor(params.source.step_size), u).numpy()
             q, U, g, p = _integrate_ragged_numpy(q, U, g, p, step_size, metric, potential, steps)
         return self._metropolis(state, start_energy, State(q, U, g), p, metric, draws.accept, steps)
 
@@ -375,8 +376,8 @@ def _integrate_ragged(
 
 
 def _host_params(params: Params) -> HostParams:
-    """``params`` for the host bookkeeping (CPU tensors)."""
-    step_size = params.step_size.numpy()
+    """``params`` for the host bookkeeping (CPU tensors, or NumPy step sizes)."""
+    step_size = np.asarray(params.step_size)
     shared = bool((step_size == step_size[0]).all())
     return HostParams(
         params, to_numpy(params.metric), float(step_size[0]) if shared else step_size[:, None]
