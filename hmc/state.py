@@ -39,9 +39,9 @@ class State(NamedTuple):
 
 
 def array_module(x: torch.Tensor | np.ndarray):
-    """``numpy`` for a NumPy array, ``torch`` for a tensor: the functions the adaptation's
-    arithmetic shares (``where``, ``exp``, ``log``, ``sqrt``, ``nan_to_num``) have the same
-    signature in both."""
+    """``numpy`` for a NumPy array, ``torch`` for a tensor: the functions that code shared
+    by the tensor and host bookkeepings calls (``where``, ``exp``, ``log``, ``sqrt``,
+    ``nan_to_num``) have the same signature in both."""
     return np if isinstance(x, np.ndarray) else torch
 
 
@@ -114,8 +114,7 @@ def _where(masks: _Masks, x, y):
         return x
     if isinstance(x, tuple):
         return _where_record(masks, x, y)
-    where = torch.where if isinstance(x, torch.Tensor) else np.where
-    return where(masks[x.ndim], x, y)
+    return array_module(x).where(masks[x.ndim], x, y)
 
 
 def _take(x, rows):

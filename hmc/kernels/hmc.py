@@ -37,7 +37,7 @@ from hmc.kernels.base import BOOKKEEPING, Params
 from hmc.metric import Metric, to_numpy
 from hmc.potential import Potential
 from hmc.random import Stream, normal, uniform
-from hmc.state import State, put_rows, take_rows, where_rows
+from hmc.state import State, array_module, put_rows, take_rows, where_rows
 
 __all__ = ["HMC", "HMCDraws", "HMCInfo", "HMCState"]
 
@@ -324,7 +324,7 @@ class HMC:
         """The Metropolis test of every chain's ``proposal`` with momentum ``p`` against
         its ``state`` with ``start_energy``, with uniforms ``u`` ``(C,)``; tensors or
         NumPy arrays throughout."""
-        xp = np if isinstance(u, np.ndarray) else torch
+        xp = array_module(u)
         energy = proposal.potential + metric.kinetic_energy(p)
         error = energy - start_energy
         error = xp.where(error == error, error, math.inf)  # NaN counts as +inf
