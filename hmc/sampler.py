@@ -185,7 +185,7 @@ def sample(
         params, timing = run(state, params, warm, recorder)
     finished = time.perf_counter()
 
-    draws_array = recorder.positions[:, -draws:].numpy(force=True)
+    draws_array = recorder.positions[:, recorder.kept - draws : recorder.kept].numpy(force=True)
     attrs = {
         "inference_library": "hmc",
         "inference_library_version": _version(),
@@ -489,7 +489,11 @@ def _show(bar, new_draws: int, recorder: _Recorder) -> None:
 
 
 class _Recorder:
-    """Device buffers for positions and statistics, written per chain at its iteration."""
+    """Device buffers for positions and statistics, written per chain at its iteration.
+
+    Each buffer has one spare column past the ``kept`` draws: a write for every chain
+    sends the chains with nothing to record there, so it is one scatter per buffer.
+    """
 
     def __init__(
         self,
@@ -505,10 +509,11 @@ class _Recorder:
         self.kept = warmup + draws - self.offset
         like = state.position
         self.rows = torch.arange(chains, device=like.device)
-        self.positions = torch.zeros(chains, self.kept, dim, dtype=like.dtype, device=like.device)
+        width = self.kept + 1  # the spare column
+        self.positions = torch.zeros(chains, width, dim, dtype=like.dtype, device=like.device)
         self.buffers: dict[str, torch.Tensor] = {
-            "lp": torch.zeros(chains, self.kept, dtype=like.dtype, device=like.device),
-            "step_size": torch.zeros(chains, self.kept, dtype=like.dtype, device=like.device),
+            "lp": torch.zeros(chains, width, dtype=like.dtype, device=like.device),
+            "step_size": torch.zeros(chains, width, dtype=like.dtype, device=like.device),
         }
         self.names = tuple(kernel.stat_names)
         self.divergences = torch.zeros((), dtype=torch.int64, device=like.device)
@@ -530,13 +535,11 @@ class _Recorder:
         """Record the chains ``done`` ``(C,)`` at their ``iteration`` ``(C,)``."""
         slot = iteration - self.offset
         keep = done & (slot >= 0) & (slot < self.kept)
-        slot = slot.clamp(0, self.kept - 1)
+        slot = torch.where(keep, slot, self.kept)  # the others write the spare column
         rows = self.rows
-        old = self.positions[rows, slot]
-        self.positions[rows, slot] = torch.where(keep.unsqueeze(-1), state.position, old)
+        self.positions[rows, slot] = state.position
         for name, value in self._values(state, info, step_size).items():
-            buffer = self._buffer(name, value)
-            buffer[rows, slot] = torch.where(keep, value, buffer[rows, slot])
+            self._buffer(name, value)[rows, slot] = value
         self.divergences = self.divergences + (info.diverging & keep).sum()
 
     def write_rows(
@@ -596,9 +599,9 @@ class _Recorder:
         if buffer is None:
             chains = self.rows.shape[0]
             if isinstance(like, np.ndarray):
-                buffer = torch.from_numpy(np.zeros((chains, self.kept), dtype=like.dtype))
+                buffer = torch.from_numpy(np.zeros((chains, self.kept + 1), dtype=like.dtype))
             else:
-                buffer = torch.zeros(chains, self.kept, dtype=like.dtype, device=like.device)
+                buffer = torch.zeros(chains, self.kept + 1, dtype=like.dtype, device=like.device)
             self.buffers[name] = buffer
             if self.views is not None:
                 self.views[name] = buffer.numpy()

@@ -322,7 +322,7 @@ def test_recorder_writes_the_same_through_views_and_tensor_indexing():
     for name, buffer in views.buffers.items():
         assert torch.equal(buffer, indexing.buffers[name]), name
     assert int(views.divergences) == int(indexing.divergences)
-    assert np.array_equal(views.positions[:, -1].numpy(), new_state.position)  # slot t = 4
+    assert np.array_equal(views.positions[:, views.kept - 1].numpy(), new_state.position)  # t = 4
 
 
 def test_seed_none_is_random_and_recorded():

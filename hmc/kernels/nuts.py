@@ -470,7 +470,7 @@ class NUTS:
         failed = closing & ~ok
         any_failed = failed.any(-1)
         # uniforms of the merges actually performed: levels 0..t-1, or up to the failure
-        merges = torch.where(failed, span[1:], closes.unsqueeze(-1)).amin(-1)
+        merges = torch.where(failed, span[1:], closes.unsqueeze(-1)).min(-1).values
         merges = torch.where(divergent, 0, merges)
         u = uniform_from(tree_keys, traj.next_uniform.unsqueeze(-1) + span)  # (C, L+1)
         # at a merge of left_l and node_l, node_l's proposal wins w.p. w(node_l) / w(node_{l+1})
