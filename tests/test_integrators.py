@@ -17,7 +17,7 @@ import torch
 
 import hmc
 from hmc.integrators import leapfrog_numpy
-from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse, to_numpy
+from hmc.metric import DenseMetric, DiagonalMetric, dot, metric_from_inverse, to_numpy
 
 DTYPE = torch.float64
 
@@ -295,3 +295,18 @@ def test_numpy_metric_is_the_tensor_metric(kind):
     for method in ("velocity", "kinetic_energy"):
         expected = getattr(metric, method)(momentum).numpy()
         np.testing.assert_allclose(getattr(host, method)(momentum.numpy()), expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 32, 33, 100])
+def test_dot_is_the_summed_product(dim):
+    """Both CPU contractions (short and long rows), with broadcasting, in float64 and
+    float32, against the plain sum; NumPy arrays take the plain sum."""
+    gen = torch.Generator().manual_seed(dim)
+    for dtype in (torch.float64, torch.float32):
+        a = torch.randn(3, 5, 4, dim, generator=gen, dtype=dtype)
+        b = torch.randn(5, 1, dim, generator=gen, dtype=dtype).expand(5, 4, dim)
+        expected = (a * b).sum(-1)
+        got = dot(a, b)
+        assert got.shape == (3, 5, 4) and got.dtype == dtype
+        torch.testing.assert_close(got, expected)
+        assert np.array_equal(dot(a.numpy(), b.numpy()), (a.numpy() * b.numpy()).sum(-1))
