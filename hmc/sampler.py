@@ -509,7 +509,7 @@ class _Recorder:
         self.kept = warmup + draws - self.offset
         like = state.position
         self.rows = torch.arange(chains, device=like.device)
-        width = self.kept + 1  # the spare column
+        self.width = width = self.kept + 1  # the spare column
         self.positions = torch.zeros(chains, width, dim, dtype=like.dtype, device=like.device)
         self.buffers: dict[str, torch.Tensor] = {
             "lp": torch.zeros(chains, width, dtype=like.dtype, device=like.device),
@@ -599,9 +599,9 @@ class _Recorder:
         if buffer is None:
             chains = self.rows.shape[0]
             if isinstance(like, np.ndarray):
-                buffer = torch.from_numpy(np.zeros((chains, self.kept + 1), dtype=like.dtype))
+                buffer = torch.from_numpy(np.zeros((chains, self.width), dtype=like.dtype))
             else:
-                buffer = torch.zeros(chains, self.kept + 1, dtype=like.dtype, device=like.device)
+                buffer = torch.zeros(chains, self.width, dtype=like.dtype, device=like.device)
             self.buffers[name] = buffer
             if self.views is not None:
                 self.views[name] = buffer.numpy()
