@@ -307,10 +307,19 @@ class NUTS:
             fresh = self._start(ks, params, keys, sampling)
             traj = fresh if all_start else where_rows(start, fresh, traj)
         in_flight = ks.in_flight | start
-        # 2. chains beginning a doubling draw its direction and turn to that end
+        # 2. the tick's uniforms in one go: the direction of a doubling that begins now
+        # (the first), then those of the merges the leaf may close (the rest, shifted by
+        # one for chains that begin a doubling, which takes the first)
+        chains, levels = traj.stack.scalars.shape[:2]
+        span = _constants(chains, levels, keys.device)[2]
+        u = uniform_from(tree_keys, traj.next_uniform.unsqueeze(-1) + span)  # (C, L+2)
+        merge_u = u[:, :-1]
+        # chains beginning a doubling turn to the end it extends
         if any_doubling:
-            turned = _begin_doubling(traj, params, tree_keys)
-            traj = turned if all_doubling else where_rows(ks.new_doubling | start, turned, traj)
+            doubling = None if all_doubling else ks.new_doubling | start
+            traj = _begin_doubling(traj, params, u[:, 0] > 0.5, doubling)
+            after = u[:, 1:]
+            merge_u = after if doubling is None else torch.where(doubling[:, None], after, merge_u)
         # 3. one leapfrog step from the edge of every busy chain
         edge, signed = traj.edge, traj.signed_step
         base = State(edge.position, edge.potential, edge.grad)
@@ -329,7 +338,7 @@ class NUTS:
             p = edge.momentum.index_copy(0, rows, sub_p)
         leaf = Point(moved.position, moved.potential, moved.grad, p)
         # 4. the leaf joins its subtree; closing sub-subtrees are merged and checked
-        traj, finished = self._add_leaf(traj, leaf, params, tree_keys)
+        traj, finished = self._add_leaf(traj, leaf, params, merge_u)
         done = finished & in_flight
         # 5. chains whose transition ended start anew from their draw next tick
         transition = ks.transition + done.to(ks.transition.dtype)
@@ -417,11 +426,12 @@ class NUTS:
         )
 
     def _add_leaf(
-        self, traj: Trajectory, leaf: Point, params: Params, tree_keys: torch.Tensor
+        self, traj: Trajectory, leaf: Point, params: Params, u: torch.Tensor
     ) -> tuple[Trajectory, torch.Tensor]:
         """Record a new leaf; merge the sub-subtrees it closes; at a completed doubling,
-        merge into the trajectory and test the whole. Returns the new trajectory and
-        ``finished`` ``(C,)`` (the transition ended at this leaf)."""
+        merge into the trajectory and test the whole. ``u`` ``(C, L+1)`` holds the
+        uniforms ``next_uniform + 0 .. L`` of the TREE stream. Returns the new trajectory
+        and ``finished`` ``(C,)`` (the transition ended at this leaf)."""
         metric = params.metric
         vectors, scalars = traj.stack
         chains, levels = scalars.shape[:2]
@@ -470,9 +480,8 @@ class NUTS:
         failed = closing & ~ok
         any_failed = failed.any(-1)
         # uniforms of the merges actually performed: levels 0..t-1, or up to the failure
-        merges = torch.where(failed, span[1:], closes.unsqueeze(-1)).min(-1).values
+        merges = torch.where(failed, span[1:-1], closes.unsqueeze(-1)).min(-1).values
         merges = torch.where(divergent, 0, merges)
-        u = uniform_from(tree_keys, traj.next_uniform.unsqueeze(-1) + span)  # (C, L+1)
         # at a merge of left_l and node_l, node_l's proposal wins w.p. w(node_l) / w(node_{l+1})
         right_wins = u[:, :levels] < torch.exp(log_weights[:, :-1] - log_weights[:, 1:])
         # the proposal of node_t: from the highest closing level where the left half won
@@ -536,24 +545,44 @@ class NUTS:
         ), finished
 
 
-def _begin_doubling(traj: Trajectory, params: Params, tree_keys: torch.Tensor) -> Trajectory:
-    """Draw each chain's direction (forward when u > 1/2) and make that end the edge."""
-    forward = uniform_from(tree_keys, traj.next_uniform) > 0.5
+def _begin_doubling(
+    traj: Trajectory, params: Params, forward: torch.Tensor, doubling: torch.Tensor | None
+) -> Trajectory:
+    """Chains ``doubling`` ``(C,)`` (every chain when None) begin a doubling in the drawn
+    direction (``forward`` ``(C,)``): that end becomes the edge. Other rows keep theirs."""
     swap = forward != traj.edge_forward
+    if doubling is not None:
+        swap = swap & doubling
     edge = where_rows(swap, traj.other, traj.edge)
     other = where_rows(swap, traj.edge, traj.other)
     step_size = params.step_size
     velocity = params.metric.velocity
+    fresh = (
+        torch.where(forward, step_size, -step_size).unsqueeze(-1),
+        edge.momentum,
+        velocity(edge.momentum),
+        velocity(other.momentum),
+    )
+    if doubling is None:
+        signed_step, near_p, near_v, other_v = fresh
+        leaf, next_uniform = torch.zeros_like(traj.leaf), traj.next_uniform + 1
+    else:
+        kept = (traj.signed_step, traj.near_p, traj.near_v, traj.other_v)
+        rows = doubling.unsqueeze(-1)
+        signed_step, near_p, near_v, other_v = (
+            torch.where(rows, new, old) for new, old in zip(fresh, kept, strict=True)
+        )
+        leaf, next_uniform = torch.where(doubling, 0, traj.leaf), traj.next_uniform + doubling
     return traj._replace(
         edge=edge,
         other=other,
-        edge_forward=forward,
-        signed_step=torch.where(forward, step_size, -step_size).unsqueeze(-1),
-        near_p=edge.momentum,
-        near_v=velocity(edge.momentum),
-        other_v=velocity(other.momentum),
-        leaf=torch.zeros_like(traj.leaf),
-        next_uniform=traj.next_uniform + 1,
+        edge_forward=traj.edge_forward ^ swap,
+        signed_step=signed_step,
+        near_p=near_p,
+        near_v=near_v,
+        other_v=other_v,
+        leaf=leaf,
+        next_uniform=next_uniform,
     )
 
 
@@ -583,12 +612,12 @@ _CONSTANTS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, ...]] = {}
 
 def _constants(chains: int, levels: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """``arange(levels)``, the masks ``2**(l+1) - 1`` of the low ``l + 1`` bits,
-    ``arange(levels + 1)`` and ``arange(chains)``, on ``device``, made once."""
+    ``arange(levels + 2)`` and ``arange(chains)``, on ``device``, made once."""
     key = (chains, levels, device)
     found = _CONSTANTS.get(key)
     if found is None:
-        span = torch.arange(levels + 1, device=device)
-        level = span[:-1]
+        span = torch.arange(levels + 2, device=device)
+        level = span[:levels]
         found = (level, (2 << level) - 1, span, torch.arange(chains, device=device))
         _CONSTANTS[key] = found
     return found
