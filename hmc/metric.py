@@ -89,8 +89,8 @@ _SHORT_ROWS = 32
 
 
 def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Dot products over the last axis: ``(..., D)`` tensors or arrays (broadcast against
-    each other) give ``(...)``.
+    """Dot products over the last axis: ``(..., D)`` tensors or arrays (their leading
+    axes broadcast against each other) give ``(...)``.
 
     On the CPU, torch reduces a short last axis slowly: ``(a * b).sum(-1)`` over
     ``(3, 1024, 10, 2)`` takes about ten times as long as a matrix product doing the same
@@ -100,7 +100,8 @@ def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if isinstance(a, np.ndarray) or a.device.type != "cpu":
         return (a * b).sum(-1)
     if a.shape[-1] <= _SHORT_ROWS:
-        return ((a * b) @ a.new_ones(a.shape[-1], 1)).squeeze(-1)
+        product = a * b
+        return (product @ product.new_ones(product.shape[-1], 1)).squeeze(-1)
     return (a.unsqueeze(-2) @ b.unsqueeze(-1)).squeeze(-1).squeeze(-1)
 
 

@@ -259,7 +259,7 @@ class _Loop(NamedTuple):
         host = getattr(kernel_state, "host_done", None) is not None
         if host:
             iteration = np.zeros(chains, dtype=np.int64)
-            params, warm = _host_params(params), as_arrays(warm)
+            params, warm = _numpy_step_sizes(params), as_arrays(warm)
         else:
             iteration = torch.zeros(chains, dtype=torch.int64, device=recorder.rows.device)
         warmup_seconds, started = 0.0, time.perf_counter()
@@ -301,7 +301,7 @@ class _Loop(NamedTuple):
             if counts.least >= total:
                 break
         if host:
-            params = _tensor_params(params)
+            params = _tensor_step_sizes(params)
         utilization = useful / slots if slots else 1.0
         return params, {"warmup": warmup_seconds, "utilization": utilization}
 
@@ -386,7 +386,7 @@ class _Loop(NamedTuple):
         device = recorder.rows.device
         host = getattr(kernel_state, "on_host", False)
         if host:
-            params, warm = _host_params(params), as_arrays(warm)
+            params, warm = _numpy_step_sizes(params), as_arrays(warm)
             warming = np.zeros(chains, dtype=bool)  # the sampling masks
         else:
             warming = torch.zeros(chains, dtype=torch.bool, device=device)
@@ -416,7 +416,7 @@ class _Loop(NamedTuple):
             if bar is not None:
                 _show(bar, chains, recorder)
         if host:
-            params = _tensor_params(params)
+            params = _tensor_step_sizes(params)
         utilization = float(useful) / (chains * self.draws)
         return params, {"warmup": warmup_seconds, "utilization": utilization}
 
@@ -431,14 +431,14 @@ class _Loop(NamedTuple):
         if on_host and window_ends:
             warm, params = self._adapt(
                 as_tensors(warm),
-                _tensor_params(params),
+                _tensor_step_sizes(params),
                 torch.from_numpy(done),
                 torch.from_numpy(iteration),
                 as_tensors(info),
                 as_tensors(new_state),
                 window_ends,
             )
-            return as_arrays(warm), _host_params(params)
+            return as_arrays(warm), _numpy_step_sizes(params)
         return warmup_update(
             warm,
             params,
@@ -472,14 +472,14 @@ class _Counts(NamedTuple):
     alive: int
 
 
-def _host_params(params: Params) -> Params:
+def _numpy_step_sizes(params: Params) -> Params:
     """``params`` for the host loop: NumPy step sizes sharing the CPU tensor's memory (the
     metric stays tensors; the host kernels convert it when it changes)."""
     return Params(params.step_size.numpy(), params.metric)
 
 
-def _tensor_params(params: Params) -> Params:
-    """The inverse of :func:`_host_params`."""
+def _tensor_step_sizes(params: Params) -> Params:
+    """The inverse of :func:`_numpy_step_sizes`."""
     return Params(torch.from_numpy(params.step_size), params.metric)
 
 
