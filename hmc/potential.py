@@ -13,6 +13,12 @@ Numerical trouble never escapes as NaN: a row whose value or gradient is not fin
 ``U = +inf`` and a zero gradient, which the kernels turn into a rejection or a divergence.
 A log density that raises in the middle of a run (a failed Cholesky, say) is evaluated row
 by row and the rows that raise get ``U = +inf`` too (with one warning naming the error).
+
+The gradient of ``U`` is asked of autograd directly: ``log p`` is differentiated with a
+cotangent of ``-1`` for each row, so neither a negation nor a sum is recorded in the graph,
+and autograd makes no cotangent of ones. Scaling by ``-1`` is exact, so this is the same
+gradient, bit for bit. The cotangent is kept between calls; a gradient that autograd
+returns as a view of it (a density linear in the position) is copied.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ __all__ = ["Potential"]
 LogProb = Callable[[torch.Tensor], torch.Tensor]
 
 
+_Distribution = torch.distributions.Distribution
+
+
 class _distribution_validation_off:  # used like a function: ``with ...():``
     """Turn off ``torch.distributions`` argument checks for a block (they fail badly under
     vmap), and back on after it.
@@ -42,13 +51,13 @@ class _distribution_validation_off:  # used like a function: ``with ...():``
     """
 
     def __enter__(self) -> None:
-        self.was_on = torch.distributions.Distribution._validate_args
+        self.was_on = _Distribution._validate_args
         if self.was_on:
-            torch.distributions.Distribution.set_default_validate_args(False)
+            _Distribution.set_default_validate_args(False)
 
     def __exit__(self, *exc_info: object) -> None:
         if self.was_on:
-            torch.distributions.Distribution.set_default_validate_args(True)
+            _Distribution.set_default_validate_args(True)
 
 
 class Potential:
@@ -95,6 +104,7 @@ class Potential:
         self.evaluations = 0
         self._use_vmap = True
         self._warned_raise = False
+        self._cotangent: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ public API
     def value_and_grad(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,11 +144,13 @@ class Potential:
         if self.cache is not None or not (self.batched or q.shape[0] == 1):
             U, grad = self.value_and_grad(torch.from_numpy(q))
             return U.numpy(), grad.numpy()
-        try:
+        if _Distribution._validate_args:  # called outside a sampler run
             with _distribution_validation_off():
-                x = torch.from_numpy(q if self.batched else q[0]).requires_grad_(True)
-                log_p = self.log_prob(x)
-                (grad,) = torch.autograd.grad(log_p.sum() if self.batched else log_p, x)
+                return self.value_and_grad_numpy(q)
+        try:
+            x = torch.from_numpy(q if self.batched else q[0]).requires_grad_(True)
+            log_p = self.log_prob(x)
+            (grad,) = torch.autograd.grad(log_p, x, self._minus_ones(log_p))
         except (RuntimeError, ValueError, ArithmeticError) as error:
             if q.shape[0] > 1:  # find the rows that raise, one at a time
                 U, grad = self._evaluate_rows(torch.from_numpy(q))
@@ -149,15 +161,15 @@ class Potential:
         self.evaluations += q.shape[0]
         if self.batched:
             U = -log_p.detach().numpy().reshape(q.shape[0])
-            total = U.sum()
+            total = np.add.reduce(U)
         else:  # one row: its value as a float, without a detached copy of the tensor
             total = -log_p.item()
             U = np.array([total], dtype=q.dtype)
-        g = -grad.numpy().reshape(q.shape)
-        if not math.isfinite(total + g.sum()):  # a NaN or an infinity somewhere
+        g = _own(grad).numpy().reshape(q.shape)
+        if not math.isfinite(total + np.add.reduce(g, None)):  # a NaN or an infinity
             finite = np.isfinite(U + g.sum(-1))
-            U[~finite] = np.inf
-            g[~finite] = 0.0
+            U = np.where(finite, U, np.inf)
+            g = np.where(finite[:, None], g, 0.0)
         return U, g
 
     def check(self, q: torch.Tensor) -> None:
@@ -234,13 +246,27 @@ class Potential:
         leaf, which keeps the graph as small as the user's own function."""
         if q.shape[0] == 1 and not self.batched:
             x = q[0].detach().requires_grad_(True)
-            U = self.log_prob(x).neg()
-            (grad,) = torch.autograd.grad(U, x)
-            return U.detach().unsqueeze(0), grad.unsqueeze(0)
+            log_p = self.log_prob(x)
+            (grad,) = torch.autograd.grad(log_p, x, self._minus_ones(log_p))
+            return log_p.detach().neg().unsqueeze(0), _own(grad).unsqueeze(0)
         x = q.detach().requires_grad_(True)
-        U = self._log_prob_batch(x).neg()
-        (grad,) = torch.autograd.grad(U.sum(), x)
-        return U.detach(), grad
+        log_p = self._log_prob_batch(x)
+        (grad,) = torch.autograd.grad(log_p, x, self._minus_ones(log_p))
+        return log_p.detach().neg(), _own(grad)
+
+    def _minus_ones(self, log_p: torch.Tensor) -> torch.Tensor:
+        """The cotangent ``-1`` of the shape, dtype and device of ``log_p`` (``(C,)`` or
+        0-d), made when that changes: ``d(-log p)/dq`` is then autograd's answer."""
+        minus_ones = self._cotangent
+        if (
+            minus_ones is None
+            or minus_ones.shape != log_p.shape
+            or minus_ones.dtype != log_p.dtype
+            or minus_ones.device != log_p.device
+        ):
+            minus_ones = torch.full_like(log_p, -1.0)
+            self._cotangent = minus_ones
+        return minus_ones
 
     def _evaluate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         try:
@@ -293,6 +319,11 @@ class Potential:
         U = torch.stack([entry[0] for entry in found])
         grad = torch.stack([entry[1] for entry in found])
         return U, grad
+
+
+def _own(grad: torch.Tensor) -> torch.Tensor:
+    """``grad``, copied if it is a view (of the cotangent: nothing may write into that)."""
+    return grad if grad._base is None else grad.clone()
 
 
 def _infinite(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,12 +53,9 @@ class FlatTarget:
     def __init__(
         self, log_prob: Callable[[torch.Tensor], torch.Tensor], dim: int | None, batched: bool
     ) -> None:
-        self._log_prob = log_prob
+        self.log_prob = log_prob  # the user's function itself: no wrapper call per evaluation
         self.dim = dim
         self.batched = batched
-
-    def log_prob(self, q: torch.Tensor) -> torch.Tensor:
-        return self._log_prob(q)
 
     def initial_positions(
         self, init: Any, chains: int, dtype: torch.dtype, device: torch.device

@@ -252,7 +252,7 @@ def test_numpy_entry_point_keeps_the_non_finite_contract():
     U, grad = potential.value_and_grad_numpy(np.array([[0.5, 0.0]]))
     assert U.tolist() == [0.125 + 1.0] and grad.tolist() == [[0.5, 0.5]]
     assert potential.evaluations == 4
-    # a linear density: autograd's gradient of a sum, negated without touching its memory
+    # a linear density: autograd returns a view of the cotangent, which is copied
     U, grad = hmc.Potential(lambda q: q.sum()).value_and_grad_numpy(np.array([[1.0, 2.0, 3.0]]))
     assert U.tolist() == [-6.0] and grad.tolist() == [[-1.0, -1.0, -1.0]]
 
@@ -277,6 +277,36 @@ def test_numpy_entry_point_keeps_the_non_finite_contract():
     cached.value_and_grad_numpy(Q.numpy().copy())
     cached.value_and_grad_numpy(Q.numpy().copy())
     assert cached.evaluations == 4 and cached.cache.hits == 4
+
+
+@pytest.mark.parametrize(
+    ("log_prob", "batched", "dim"),
+    [
+        (lambda q: q.sum(), False, 3),  # the gradient is the cotangent, expanded
+        (lambda q: q.squeeze(), False, 1),  # ... or one of its views
+        (lambda q: q.sum(-1), True, 3),
+        (lambda q: q.squeeze(-1), True, 1),
+    ],
+)
+def test_gradients_own_their_memory(log_prob, batched, dim):
+    """A density whose gradient autograd returns as a view of the cotangent (a linear
+    one) still gives gradients that own their memory: the integrators write rows of a
+    gradient in place, which must not change the next evaluation (nor the previous)."""
+    potential = hmc.Potential(log_prob, batched=batched)
+    for rows in (1, 3):
+        q = torch.arange(rows * dim, dtype=DTYPE).reshape(rows, dim)
+        for _ in range(2):
+            _, grad = potential.value_and_grad(q)
+            _, grad_np = potential.value_and_grad_numpy(q.numpy().copy())
+            assert grad.tolist() == grad_np.tolist() == [[-1.0] * dim] * rows
+            grad[0] = 7.0  # what a ragged integrator does to the rows that moved
+            grad_np[-1] = 7.0
+    inf = q.clone()
+    inf[1, 0] = torch.inf  # a non-finite row is zeroed in a copy too
+    U, grad_np = potential.value_and_grad_numpy(inf.numpy())
+    assert U[1] == math.inf and grad_np.tolist() == [[-1.0] * dim, [0.0] * dim, [-1.0] * dim]
+    _, grad = potential.value_and_grad(q)
+    assert grad.tolist() == [[-1.0] * dim] * 3
 
 
 # ---------------------------------------------------------------------- counting
