@@ -97,7 +97,9 @@ def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     sums. CPU tensors are therefore contracted with a matrix product. Other devices and
     NumPy arrays use the plain sum.
     """
-    if isinstance(a, np.ndarray) or a.device.type != "cpu":
+    if isinstance(a, np.ndarray):
+        return np.add.reduce(a * b, -1)
+    if a.device.type != "cpu":
         return (a * b).sum(-1)
     if a.shape[-1] <= _SHORT_ROWS:
         product = a * b

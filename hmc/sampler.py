@@ -516,7 +516,9 @@ class _Recorder:
             "step_size": torch.zeros(chains, width, dtype=like.dtype, device=like.device),
         }
         self.names = tuple(kernel.stat_names)
-        self.divergences = torch.zeros((), dtype=torch.int64, device=like.device)
+        # for the progress bar: a tensor once device writes add to it (no device read), a
+        # host int while NumPy writes do (an in-place tensor add per iteration otherwise)
+        self.divergences: int | torch.Tensor = 0
         # on the CPU, NumPy views of the buffers: each write is then a NumPy assignment,
         # not a tensor operation
         self.views: dict[str, np.ndarray] | None = None

@@ -374,6 +374,32 @@ def test_zero_density_on_half_the_space():
     assert (np.abs(z) < z_bound(2)).all(), z
 
 
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        hmc.HMC(num_steps=4),  # the lockstep loop, host bookkeeping
+        hmc.HMC(num_steps=4, bookkeeping="tensor"),
+        hmc.NUTS(),  # the asynchronous loop, host bookkeeping at a few chains
+        hmc.NUTS(bookkeeping="tensor"),
+    ],
+)
+def test_progress_bar_counts_the_draws_and_their_divergences(kernel, capsys):
+    """The bar ends at every chain's every iteration and shows the divergent draws kept
+    (the wall of the half-space density makes some)."""
+
+    def log_prob(q):
+        return torch.where(q[..., 0] < -1.0, -torch.inf, -0.5 * (q**2).sum(-1))
+
+    dt = hmc.sample(
+        log_prob, dim=2, chains=3, warmup=20, draws=30, kernel=kernel, seed=2, batched=True,
+        progress=True,
+    )  # fmt: skip
+    bar = capsys.readouterr().err.split("\r")[-1]
+    divergent = int(dt["sample_stats"]["diverging"].values.sum())
+    assert divergent > 0
+    assert "150/150" in bar and f"divergences={divergent}" in bar, bar
+
+
 def test_log_prob_that_raises_mid_run_is_a_rejection():
     def log_prob(q):
         if q[0] > 1.5:
