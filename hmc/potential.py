@@ -46,8 +46,9 @@ class _distribution_validation_off:  # used like a function: ``with ...():``
 
     Setting a class attribute invalidates the attribute caches of every subclass (about
     ten microseconds for ``Distribution``'s), so when the checks are already off nothing
-    is set: the sampler turns them off once around a whole run, and each evaluation's
-    guard then costs a read.
+    is set. The sampler turns them off once around a whole run, and the energy module
+    enters this guard only when it finds them on: inside a run an evaluation reads the
+    flag and nothing more.
     """
 
     def __enter__(self) -> None:
@@ -269,9 +270,11 @@ class Potential:
         return minus_ones
 
     def _evaluate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
+        if _Distribution._validate_args:  # called outside a sampler run
             with _distribution_validation_off():
-                U, grad = self._energy(q)
+                return self._evaluate(q)
+        try:
+            U, grad = self._energy(q)
         except (RuntimeError, ValueError, ArithmeticError) as error:
             if q.shape[0] == 1:
                 self._warn_raise(error)
