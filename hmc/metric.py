@@ -18,6 +18,7 @@ __all__ = [
     "DiagonalMetric",
     "Metric",
     "dot",
+    "kinetic_energy_and_velocity",
     "metric_from_inverse",
     "no_u_turn",
     "to_numpy",
@@ -36,7 +37,7 @@ class DiagonalMetric(NamedTuple):
 
     def kinetic_energy(self, p: torch.Tensor) -> torch.Tensor:
         """``(C,)`` kinetic energies of momenta ``(C, D)``."""
-        return 0.5 * dot(p, self.inverse * p)
+        return kinetic_energy_and_velocity(self, p)[0]
 
     def momentum(self, noise: torch.Tensor) -> torch.Tensor:
         """Momenta ``~ N(0, M)`` from standard normal ``noise`` ``(C, D)``."""
@@ -53,7 +54,7 @@ class DenseMetric(NamedTuple):
         return (self.inverse @ p[..., None])[..., 0]
 
     def kinetic_energy(self, p: torch.Tensor) -> torch.Tensor:
-        return 0.5 * dot(p, self.velocity(p))
+        return kinetic_energy_and_velocity(self, p)[0]
 
     def momentum(self, noise: torch.Tensor) -> torch.Tensor:
         # inverse = L L^T, so M = L^-T L^-1 and p = L^-T z has covariance M.
@@ -66,6 +67,15 @@ class DenseMetric(NamedTuple):
 
 
 Metric = DiagonalMetric | DenseMetric
+
+
+def kinetic_energy_and_velocity(
+    metric: Metric, p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``K(p) = p^T M^-1 p / 2`` ``(C,)`` and the velocity ``M^-1 p`` ``(C, D)`` of momenta
+    ``p`` ``(C, D)`` (tensors or NumPy arrays), with one product by ``M^-1``."""
+    velocity = metric.velocity(p)
+    return 0.5 * dot(p, velocity), velocity
 
 
 def metric_from_inverse(inverse: torch.Tensor) -> Metric:

@@ -40,7 +40,7 @@ import torch
 from hmc.integrators import leapfrog
 from hmc.kernels import nuts_host
 from hmc.kernels.base import BOOKKEEPING, Params
-from hmc.metric import no_u_turn
+from hmc.metric import kinetic_energy_and_velocity, no_u_turn
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_from
 from hmc.state import State, put_rows, take_rows, true_rows, where_rows
@@ -437,13 +437,13 @@ class NUTS:
         chains, levels = scalars.shape[:2]
         level, level_mask, span, rows = _constants(chains, levels, leaf.position.device)
         h0 = traj.start_energy
-        energy = leaf.potential + metric.kinetic_energy(leaf.momentum)
+        kinetic, velocity = kinetic_energy_and_velocity(metric, leaf.momentum)
+        energy = leaf.potential + kinetic
         energy = torch.nan_to_num(energy, nan=torch.inf, posinf=torch.inf)
         error = energy - h0
         divergent = error > self.max_energy_error
         log_w = -error  # H0 - H, -inf when H is infinite
         accept = torch.exp(torch.clamp(log_w, max=0.0))
-        velocity = metric.velocity(leaf.momentum)
         ends = torch.stack((leaf.momentum, velocity), 1)  # (C, 2, D): p and v at the leaf
         leaf_proposal = Proposal(
             torch.stack((leaf.position, leaf.grad), 1), torch.stack((leaf.potential, energy), 1)

@@ -39,7 +39,7 @@ import torch
 
 from hmc.integrators import leapfrog_numpy
 from hmc.kernels.base import Params
-from hmc.metric import Metric, to_numpy
+from hmc.metric import Metric, kinetic_energy_and_velocity, to_numpy
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_scalar
 from hmc.state import State, take_rows
@@ -278,8 +278,8 @@ def _start(ks: HostNUTSState, keys: torch.Tensor, sampling: torch.Tensor) -> Non
     noise = ks.noise[ks.rows, index]
     metric = ks.metric
     momentum = metric.momentum(noise)
-    kinetic = metric.kinetic_energy(momentum).tolist()
-    velocity = metric.velocity(momentum)
+    kinetic, velocity = kinetic_energy_and_velocity(metric, momentum)
+    kinetic = kinetic.tolist()
     warm_depth, sample_depth = ks.depths
     in_sampling = sampling.tolist()
     for c in starting:
@@ -334,11 +334,11 @@ def _edges(ks: HostNUTSState, busy: list[int]) -> _Edges:
     metric = ks.metric
     if len(busy) < len(ks.chains):
         metric = take_rows(metric, np.array(busy))
-    return _Edges(
+    return _Edges(  # np.array of a list of rows stacks them, faster than np.stack
         busy,
-        np.stack([e[0] for e in edges]),
-        np.stack([e[2] for e in edges]),
-        np.stack([e[3] for e in edges]),
+        np.array([e[0] for e in edges]),
+        np.array([e[2] for e in edges]),
+        np.array([e[3] for e in edges]),
         np.array([[ks.chains[c].signed_step] for c in busy], dtype=edges[0][0].dtype),
         metric,
     )
@@ -354,8 +354,8 @@ def _leapfrog_step(ks: HostNUTSState, potential: Potential):
         edges.position, edges.grad, edges.momentum, edges.step_size, metric, potential
     )
     ks.last = _Edges(edges.busy, q, g, p, edges.step_size, metric)
-    energy = U + metric.kinetic_energy(p)
-    return q, U.tolist(), g, p, metric.velocity(p), energy.tolist()
+    kinetic, velocity = kinetic_energy_and_velocity(metric, p)
+    return q, U.tolist(), g, p, velocity, (U + kinetic).tolist()
 
 
 def _add_leaf(
@@ -428,7 +428,8 @@ def _add_leaf(
 
 def _no_u_turn(velocity_minus: np.ndarray, velocity_plus: np.ndarray, rho: np.ndarray) -> bool:
     """Stan's criterion for one chain (see :func:`hmc.metric.no_u_turn`)."""
-    return bool(velocity_plus @ rho > 0) and bool(velocity_minus @ rho > 0)
+    # ndarray.dot: the same product as ``@``, in half the call overhead
+    return bool(velocity_plus.dot(rho) > 0) and bool(velocity_minus.dot(rho) > 0)
 
 
 def _log_add_exp(a: float, b: float) -> float:
