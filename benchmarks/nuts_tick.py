@@ -16,17 +16,25 @@ host) on each of ``nuts_anchors.py``'s five targets against the floor of that ta
 with the log density passed for one position ``(D,) -> ()`` and as batched
 ``(1, D) -> (1,)`` (the same shape-generic function); the per-tick figure leaves out each
 run's fixed cost (set-up and the DataTree), measured by a one-draw run beside it.
+``--split`` takes one chain's tick on the two Gaussians apart: the whole tick; the same
+run with the energy module's NumPy entry point replaced by the closed-form energy and
+gradient in NumPy (what the tree, the leapfrog's arithmetic, the recording and the
+warmup cost around a gradient that evicts nothing); the energy module's call alone, in
+a loop; and the floor. What the whole tick costs beyond the sum of its parts is what the
+autograd call's passes through the caches cost the code around it.
 
 Run from the repository root::
 
     python -m benchmarks.nuts_tick --reps 3
     python -m benchmarks.nuts_tick --crossover
     python -m benchmarks.nuts_tick --one-chain --reps 3
+    python -m benchmarks.nuts_tick --split --reps 5
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import statistics
 import subprocess
@@ -43,10 +51,12 @@ from hmc.demo import eight_schools
 
 try:
     from benchmarks.machine import machine
-    from benchmarks.nuts_anchors import TARGETS, inits, torch_log_prob
+    from benchmarks.nuts_anchors import PRECISION as PRECISION_2D
+    from benchmarks.nuts_anchors import SDS100, TARGETS, inits, torch_log_prob
 except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
     from machine import machine
-    from nuts_anchors import TARGETS, inits, torch_log_prob
+    from nuts_anchors import PRECISION as PRECISION_2D
+    from nuts_anchors import SDS100, TARGETS, inits, torch_log_prob
 
 PRECISION = torch.tensor([[10.25, -9.74], [-9.74, 10.25]], dtype=torch.float64)
 
@@ -171,6 +181,113 @@ def one_chain(reps: int, iterations: int) -> None:
             )
 
 
+#: closed-form NumPy gradients of U = -log p for ``--split``: ``(C, D) -> (C, D)``
+CLOSED_FORM_GRADS = {
+    "gauss2d": lambda q: q @ PRECISION_2D,
+    "diag100": lambda q: q / SDS100**2,
+}
+
+
+@contextlib.contextmanager
+def energy_replaced(grad):
+    """``hmc.Potential.value_and_grad_numpy`` replaced by a closed-form Gaussian energy
+    ``U = q . grad(q) / 2`` (counted as the original counts)."""
+    original = hmc.Potential.value_and_grad_numpy
+
+    def closed_form(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.evaluations += q.shape[0]
+        g = grad(q)
+        return 0.5 * np.add.reduce(g * q, -1), g
+
+    hmc.Potential.value_and_grad_numpy = closed_form
+    try:
+        yield
+    finally:
+        hmc.Potential.value_and_grad_numpy = original
+
+
+@contextlib.contextmanager
+def distribution_validation_off():
+    """As inside a sampler run (the energy module's guard is then a no-op)."""
+    before = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(before)
+
+
+def split(reps: int, iterations: int, calls: int = 2000) -> None:
+    """One chain's tick on the two Gaussians, taken apart (see the module's docstring)."""
+    print(
+        f"CPU µs per gradient, one chain, one position, {iterations} + {iterations} "
+        f"iterations (each run's fixed cost, from a one-draw run, subtracted), medians of "
+        f"{reps} interleaved rounds; loops of {calls} calls.\n"
+    )
+    print(
+        "| target | tick | tick, closed-form energy | energy module alone | closed form alone "
+        "| floor | tick / floor | rest of tick / floor | energy module / floor | unexplained |"
+    )
+    print("|---" * 10 + "|")
+    for target, grad in CLOSED_FORM_GRADS.items():
+        log_prob = torch_log_prob(target)
+        point = torch.as_tensor(inits(target, 1, seed=1)[0])
+        rows = point.numpy()[None].copy()
+
+        def tick(seed: int, lp=log_prob, x0=point) -> float:
+            def run(warmup: int, draws: int) -> tuple[float, int]:
+                started = time.process_time()
+                dt = hmc.sample(
+                    lp, x0, chains=1, warmup=warmup, draws=draws, seed=seed, progress=False
+                )
+                return time.process_time() - started, int(dt.attrs["n_gradient_evaluations"])
+
+            fixed = min(run(0, 1)[0] for _ in range(2))
+            seconds, grads = run(iterations, iterations)
+            return (seconds - fixed) / grads * 1e6
+
+        def alone(q=rows, lp=log_prob) -> float:
+            potential = hmc.Potential(lp)
+            with distribution_validation_off():
+                started = time.process_time()
+                for _ in range(calls):
+                    potential.value_and_grad_numpy(q)
+            return (time.process_time() - started) / calls * 1e6
+
+        def floor(lp=log_prob, x0=point) -> float:
+            started = time.process_time()
+            for _ in range(calls):
+                x = x0.detach().requires_grad_()
+                torch.autograd.grad(lp(x).sum(), x)
+            return (time.process_time() - started) / calls * 1e6
+
+        def closed(seed: int, g=grad) -> tuple[float, float]:
+            with energy_replaced(g):
+                return tick(seed), alone()
+
+        tick(0)  # first-call costs
+        times: dict[str, list[float]] = {}
+        for seed in range(reps):
+            whole = tick(seed)
+            closed_tick, closed_alone = closed(seed)
+            for name, us in zip(
+                ("tick", "closed", "alone", "closed alone", "floor"),
+                (whole, closed_tick, alone(), closed_alone, floor()),
+                strict=True,
+            ):
+                times.setdefault(name, []).append(us)
+        m = {name: statistics.median(us) for name, us in times.items()}
+        rest = m["closed"] - m["closed alone"]
+        unexplained = m["tick"] - rest - m["alone"]
+        print(
+            f"| {target} | {m['tick']:.0f} | {m['closed']:.0f} | {m['alone']:.0f} | "
+            f"{m['closed alone']:.1f} | {m['floor']:.0f} | {m['tick'] / m['floor']:.2f} | "
+            f"{rest / m['floor']:.2f} | {m['alone'] / m['floor']:.2f} | "
+            f"{unexplained:.0f} ({unexplained / m['floor']:.2f}) |",
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", default=None, help="git revision to compare with")
@@ -178,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iterations", type=int, default=300, help="warmup = draws = this")
     parser.add_argument("--crossover", action="store_true", help="16-256 chains, both ways")
     parser.add_argument("--one-chain", action="store_true", help="one chain, five targets")
+    parser.add_argument("--split", action="store_true", help="one chain's tick taken apart")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.crossover:
@@ -185,6 +303,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.one_chain:
         one_chain(args.reps, args.iterations)
+        return
+    if args.split:
+        split(args.reps, args.iterations)
         return
     kernels = {"host": hmc.NUTS(bookkeeping="host"), "tensor": hmc.NUTS(bookkeeping="tensor")}
     if args.against:
