@@ -555,11 +555,12 @@ class _Recorder:
         """Record the chains ``rows`` at their ``iterations`` (host values, CPU buffers;
         the state, statistics and step sizes as NumPy arrays or CPU tensors): NumPy writes
         into the buffers' memory, no tensor operation per statistic."""
+        rows = np.asarray(rows)  # converted once, not by every index below
         slots = iterations - self.offset
         keep = (slots >= 0) & (slots < self.kept)
         if not keep.all():
-            rows, slots = [r for r, k in zip(rows, keep, strict=True) if k], slots[keep]
-        if not rows:
+            rows, slots = rows[keep], slots[keep]
+        if not rows.size:
             return
         self.views["x"][rows, slots] = np.asarray(state.position)[rows]
         for name, value in self._values(state, info, step_size).items():

@@ -246,8 +246,8 @@ def report(ks: HostNUTSState) -> tuple[State, dict[str, np.ndarray]]:
             [chain.depth >= chain.max_depth for chain in chains],
         ]
     )
-    position = np.stack([s[0] for s in samples])
-    grad = np.stack([s[2] for s in samples])
+    position = np.array([s[0] for s in samples])
+    grad = np.array([s[2] for s in samples])
     info = {
         "acceptance_rate": floats[4],
         "n_steps": ints[0],
