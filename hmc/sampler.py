@@ -350,9 +350,11 @@ class _Loop(NamedTuple):
         """The loop's counters after a call of a kernel that reports its finished chains
         on the host (``done`` ``(C,)`` and ``iteration`` ``(C,)`` NumPy, before the
         chains that finished move on)."""
+        finished = kernel_state.host_done
+        if not (finished or before.any_done) and kernel_state.host_busy == before.busy:
+            return before  # nothing moved on since the last call
         # the chains not yet through: unchanged unless a chain finished in the last call
         alive = int(np.count_nonzero(iteration < total)) if before.any_done else before.alive
-        finished = kernel_state.host_done
         if not finished:
             return _Counts(
                 False,
