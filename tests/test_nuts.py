@@ -195,6 +195,23 @@ def test_warmup_depth_cap_pair_and_utilization(bookkeeping):
     assert dt.attrs["chain_utilization"] > 0.9
 
 
+@pytest.mark.parametrize("bookkeeping", ["host", "tensor"])
+def test_a_lone_chain_uses_every_tick(bookkeeping):
+    """One chain is busy in every tick of its run, the first included, so the fraction of
+    chain-slots that did leapfrog work is exactly 1."""
+    dt = run(
+        standard_normal,
+        3,
+        chains=1,
+        warmup=0,
+        draws=30,
+        step_size=0.3,
+        kernel=hmc.NUTS(bookkeeping=bookkeeping),
+    )
+    assert stats(dt, "n_steps")[0, 0] > 1  # the first transition outlasts the first tick
+    assert dt.attrs["chain_utilization"] == 1.0
+
+
 # ---------------------------------------------------------------------- bookkeeping
 @pytest.mark.parametrize(
     ("warmup", "step_size", "atol"), [(0, 0.1, 1e-12), (15, None, 1e-8)], ids=["fixed", "warmup"]
