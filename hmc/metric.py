@@ -3,7 +3,9 @@
 The inverse metric (the inverse mass matrix, an estimate of the posterior covariance) is
 per chain: ``(C, D)`` for a diagonal metric, ``(C, D, D)`` for a dense one. Kinetic energy
 is ``K(p) = p^T M^-1 p / 2``, so the velocity is ``dK/dp = M^-1 p`` and momenta are drawn
-from ``N(0, M)``. The identity metric is the diagonal metric with unit entries.
+from ``N(0, M)``. The identity metric is the diagonal metric with unit entries. A metric's
+fields are tensors, or NumPy arrays for the NumPy engine (``hmc.arrays.as_arrays``); its
+methods take and return arrays of the same kind.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ __all__ = [
     "kinetic_energy_and_velocity",
     "metric_from_inverse",
     "no_u_turn",
-    "to_numpy",
 ]
 
 
@@ -85,12 +86,6 @@ def metric_from_inverse(inverse: torch.Tensor) -> Metric:
     if inverse.dim() == 3:
         return DenseMetric(inverse, torch.linalg.cholesky(inverse))
     raise ValueError(f"inverse metric must be (C, D) or (C, D, D), got {tuple(inverse.shape)}")
-
-
-def to_numpy(metric: Metric) -> Metric:
-    """The same metric with NumPy fields (CPU), for chains kept on the host: its methods
-    then take and return NumPy arrays."""
-    return type(metric)(*(field.numpy() for field in metric))
 
 
 #: rows up to this long are contracted against a column of ones on the CPU, longer ones

@@ -108,18 +108,25 @@ class Potential:
         self._cotangent: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ public API
-    def value_and_grad(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def value_and_grad[A: (torch.Tensor, np.ndarray)](self, q: A) -> tuple[A, A]:
         """Potential energy and its gradient.
 
         Parameters
         ----------
-        q : ``(C, D)`` positions, or one position ``(D,)``.
+        q : ``(C, D)`` positions, or one position ``(D,)``: a tensor, or a NumPy array
+            (the CPU engine; ``log_prob`` still receives a tensor sharing its memory).
 
         Returns
         -------
         U : ``(C,)`` (or 0-d) potential energies, ``+inf`` where not finite.
         grad : ``(C, D)`` (or ``(D,)``) gradients of U, zero where U is ``+inf``.
+        Arrays of the same kind as ``q``.
         """
+        if isinstance(q, np.ndarray):
+            if q.ndim != 2:
+                U, grad = self.value_and_grad(torch.from_numpy(q))
+                return U.numpy(), grad.numpy()
+            return self._value_and_grad_arrays(q)
         if q.dim() == 1:
             U, grad = self.value_and_grad(q.unsqueeze(0))
             return U[0], grad[0]
@@ -129,10 +136,9 @@ class Potential:
             return self._evaluate(q)
         return self._evaluate_cached(q)
 
-    def value_and_grad_numpy(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _value_and_grad_arrays(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`value_and_grad` for NumPy positions ``q`` ``(C, D)``, returning NumPy
-        ``U`` ``(C,)`` and ``grad`` ``(C, D)``: the entry point of the kernels that keep
-        a few CPU chains on the host.
+        ``U`` ``(C,)`` and ``grad`` ``(C, D)`` (the NumPy engine's path).
 
         The contract is the same (one run of ``log_prob``, one ``autograd.grad``, counted;
         ``U = +inf`` and a zero gradient where not finite or where ``log_prob`` raises).
@@ -147,7 +153,7 @@ class Potential:
             return U.numpy(), grad.numpy()
         if _Distribution._validate_args:  # called outside a sampler run
             with _distribution_validation_off():
-                return self.value_and_grad_numpy(q)
+                return self._value_and_grad_arrays(q)
         try:
             x = torch.from_numpy(q if self.batched else q[0]).requires_grad_(True)
             log_p = self.log_prob(x)

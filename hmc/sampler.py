@@ -25,6 +25,7 @@ import torch
 
 from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import warmup_init, warmup_update
+from hmc.arrays import as_arrays, as_tensors, engine_for
 from hmc.kernels.base import Kernel, Params
 from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
@@ -32,7 +33,7 @@ from hmc.memo import MemoCache
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential, _distribution_validation_off
 from hmc.random import Stream, chain_keys, uniform
-from hmc.state import State, as_arrays, as_tensors
+from hmc.state import State
 from hmc.target import FlatTarget, Target
 from hmc.to_arviz import to_datatree
 
@@ -66,6 +67,7 @@ def sample(
     save_warmup: bool = False,
     progress: bool | None = None,
     batched: bool = False,
+    engine: str = "auto",
 ):
     """Draw from a log density with HMC or NUTS; return an ArviZ ``DataTree``.
 
@@ -107,6 +109,12 @@ def sample(
         environment variable is not set.
     batched : bool
         ``log_prob`` takes ``(C, D)`` and returns ``(C,)``.
+    engine : "auto", "numpy" or "torch"
+        Where the sampler's own arithmetic runs (:mod:`hmc.arrays`): ``"auto"`` picks
+        NumPy on the CPU and torch on other devices, once per run, whatever the number of
+        chains (recorded in the attrs). ``log_prob`` receives tensors either way. The two
+        engines run the same transitions from the same random numbers and differ only in
+        rounding.
 
     Returns
     -------
@@ -142,6 +150,7 @@ def sample(
     )
     seed = settings.seed
     device = torch.device(device) if device is not None else torch.device("cpu")
+    engine = engine_for(device, engine)
     target = _as_target(log_prob, dim, batched)
     potential = Potential(target.log_prob, batched=target.batched, cache=cache)
     keys = chain_keys(seed, torch.arange(chains, device=device))
@@ -173,10 +182,11 @@ def sample(
         warmup=warmup,
         draws=draws,
         schedule=schedule,
-        host_schedule=as_arrays(schedule) if device.type == "cpu" else None,
+        host_schedule=as_arrays(schedule) if engine == "numpy" else None,
         target_accept=target_accept,
         adapt_metric=metric != "identity",
         progress=settings.progress,
+        engine=engine,
     )
     # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
     # warnings when the host kernels' arithmetic overflows on a divergent trajectory (an
@@ -201,6 +211,7 @@ def sample(
         "chain_utilization": timing["utilization"],
         "torch_version": str(torch.__version__),
         "device": str(device),
+        "engine": engine,
     }
     if potential.cache is not None:
         attrs["cache_hits"] = potential.cache.hits
@@ -238,11 +249,14 @@ class _Loop(NamedTuple):
     target_accept: float
     adapt_metric: bool
     progress: bool
+    engine: str
 
     def __call__(self, state: State, params: Params, warm, recorder: _Recorder):
         chains = state.position.shape[0]
         total = self.warmup + self.draws
-        kernel_state = self.kernel.init(state, total)
+        kernel_state = self.kernel.init(
+            as_arrays(state) if self.engine == "numpy" else state, total
+        )
         bar = _progress_bar(chains * total, self.progress)
         run = self._lockstep if getattr(self.kernel, "synchronous", False) else self._async
         params, timing = run(kernel_state, params, warm, recorder, bar)

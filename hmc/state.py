@@ -1,10 +1,9 @@
 """Small records that carry the sampler's state, and row-wise helpers over them.
 
-Shapes: ``C`` chains, ``D`` unconstrained dimensions. Every tensor in a record has the
+Shapes: ``C`` chains, ``D`` unconstrained dimensions. Every array in a record has the
 chain axis first, so the helpers below select, merge and gather chains uniformly for any
-record (a ``NamedTuple`` of tensors). The helpers also take records of NumPy arrays, which
-the host bookkeeping of CPU runs keeps; ``as_arrays`` and ``as_tensors`` turn a record of
-CPU tensors into NumPy arrays sharing its memory and back.
+record (a ``NamedTuple`` of arrays): torch tensors or NumPy arrays, whichever engine the
+run computes in (:mod:`hmc.arrays`).
 """
 
 from __future__ import annotations
@@ -14,11 +13,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hmc.arrays import namespace
+
 __all__ = [
     "State",
-    "array_module",
-    "as_arrays",
-    "as_tensors",
     "put_rows",
     "take_rows",
     "true_rows",
@@ -38,33 +36,6 @@ class State(NamedTuple):
     grad: torch.Tensor
 
 
-def array_module(x: torch.Tensor | np.ndarray):
-    """``numpy`` for a NumPy array, ``torch`` for a tensor: the functions that code shared
-    by the tensor and host bookkeepings calls (``where``, ``exp``, ``log``, ``sqrt``,
-    ``nan_to_num``) have the same signature in both."""
-    return np if isinstance(x, np.ndarray) else torch
-
-
-def as_arrays(record):
-    """A (nested) record with every CPU tensor replaced by the NumPy array that shares its
-    memory; other fields (numbers, lists, arrays) are kept as they are."""
-    if isinstance(record, torch.Tensor):
-        return record.numpy()
-    if isinstance(record, tuple) and hasattr(record, "_fields"):
-        return type(record)(*map(as_arrays, record))
-    return record
-
-
-def as_tensors(record):
-    """The inverse of :func:`as_arrays`: NumPy arrays become CPU tensors sharing their
-    memory."""
-    if isinstance(record, np.ndarray):
-        return torch.from_numpy(record)
-    if isinstance(record, tuple) and hasattr(record, "_fields"):
-        return type(record)(*map(as_tensors, record))
-    return record
-
-
 def where_rows[R: tuple](mask: torch.Tensor | np.ndarray, a: R, b: R) -> R:
     """Row-wise select over (nested) records: chain ``c`` from ``a`` where ``mask[c]``.
     A NumPy mask that picks every row from one side returns that record as it is."""
@@ -76,21 +47,29 @@ def where_rows[R: tuple](mask: torch.Tensor | np.ndarray, a: R, b: R) -> R:
     return _where_record(_Masks(mask), a, b)
 
 
-def true_rows(mask: torch.Tensor, count: int) -> torch.Tensor:
+def true_rows[A: (torch.Tensor, np.ndarray)](mask: A, count: int) -> A:
     """The indices of the true entries of ``mask`` ``(C,)``, ascending, given their
-    ``count`` read on the host: ``nonzero`` would wait for the device to size its output."""
+    ``count`` read on the host: a tensor's ``nonzero`` would wait for the device to size
+    its output."""
+    if isinstance(mask, np.ndarray):
+        return np.flatnonzero(mask)
     return torch.argsort((~mask).to(torch.uint8), stable=True)[:count]
 
 
 def take_rows[R: tuple](record: R, rows: torch.Tensor | np.ndarray) -> R:
     """The chains ``rows`` of every field of a (nested) record: a ``(K,)`` index tensor
     for tensor fields, a ``(K,)`` index array for NumPy fields (records kept on the host)."""
-    return type(record)(*(_take(x, rows) for x in record))
+    return _rebuild(record, (_take(x, rows) for x in record))
 
 
-def put_rows[R: tuple](record: R, rows: torch.Tensor, values: R) -> R:
+def put_rows[R: tuple](record: R, rows: torch.Tensor | np.ndarray, values: R) -> R:
     """A copy of a (nested) record with chains ``rows`` replaced by ``values``."""
-    return type(record)(*(_put(x, rows, v) for x, v in zip(record, values, strict=True)))
+    return _rebuild(record, (_put(x, rows, v) for x, v in zip(record, values, strict=True)))
+
+
+def _rebuild[R: tuple](record: R, fields) -> R:
+    """A record of the type of ``record`` (a NamedTuple or a plain tuple) from ``fields``."""
+    return type(record)(*fields) if hasattr(record, "_fields") else tuple(fields)
 
 
 class _Masks(dict):
@@ -114,7 +93,7 @@ def _where(masks: _Masks, x, y):
         return x
     if isinstance(x, tuple):
         return _where_record(masks, x, y)
-    return array_module(x).where(masks[x.ndim], x, y)
+    return namespace(x).where(masks[x.ndim], x, y)
 
 
 def _take(x, rows):
@@ -124,4 +103,10 @@ def _take(x, rows):
 
 
 def _put(x, rows, v):
-    return put_rows(x, rows, v) if isinstance(x, tuple) else x.index_copy(0, rows, v)
+    if isinstance(x, tuple):
+        return put_rows(x, rows, v)
+    if isinstance(x, np.ndarray):
+        x = x.copy()
+        x[rows] = v
+        return x
+    return x.index_copy(0, rows, v)

@@ -16,11 +16,12 @@ from typing import NamedTuple
 
 import torch
 
+from hmc.arrays import namespace
 from hmc.integrators import leapfrog
 from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.random import Stream, normal
-from hmc.state import State, array_module, take_rows, true_rows, where_rows
+from hmc.state import State, take_rows, true_rows, where_rows
 
 __all__ = [
     "DualAveragingState",
@@ -53,7 +54,7 @@ def dual_averaging_init(
 ) -> DualAveragingState:
     """A fresh state at ``step_size`` ``(C,)`` with ``mu = log(10 eps)``, ``eps`` being
     ``shrink_towards`` ``(C,)`` when given and ``step_size`` otherwise."""
-    xp = array_module(step_size)
+    xp = namespace(step_size)
     zeros = xp.zeros_like(step_size)
     log_eps = xp.log(step_size)
     log_mu_eps = log_eps if shrink_towards is None else xp.log(shrink_towards)
@@ -70,7 +71,7 @@ def dual_averaging_update(
     t0: float = T0,
 ) -> DualAveragingState:
     """One step of Stan's ``learn_stepsize`` for the chains in ``mask`` ``(C,)``."""
-    xp = array_module(accept_stat)
+    xp = namespace(accept_stat)
     counter = state.counter + 1
     accept = xp.nan_to_num(accept_stat, nan=0.0).clip(None, 1.0)
     eta = 1.0 / (counter + t0)
@@ -84,7 +85,7 @@ def dual_averaging_update(
 
 def dual_averaging_final(state: DualAveragingState) -> torch.Tensor:
     """The adapted step sizes ``exp(x_bar)`` ``(C,)``."""
-    return array_module(state.x_bar).exp(state.x_bar)
+    return namespace(state.x_bar).exp(state.x_bar)
 
 
 def find_reasonable_step_size(

@@ -36,10 +36,11 @@ from hmc.adapt.step_size import (
     find_reasonable_step_size,
 )
 from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, welford_update
+from hmc.arrays import namespace
 from hmc.kernels.base import Params
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential
-from hmc.state import State, array_module, take_rows, where_rows
+from hmc.state import State, take_rows, where_rows
 
 __all__ = ["WarmupState", "warmup_init", "warmup_update"]
 
@@ -95,7 +96,7 @@ def warmup_update(
     ``accept_stat`` ``(C,)`` and ``state`` are the finished transitions' statistic and new
     states. Returns the new adaptation state and kernel parameters.
     """
-    xp = array_module(done)
+    xp = namespace(done)
     last = schedule.num_warmup - 1
     t = iteration.clip(0, last)
     da = dual_averaging_update(warm.dual_averaging, accept_stat, done, target=target_accept)

@@ -18,10 +18,7 @@ from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.state import State
 
-__all__ = ["BOOKKEEPING", "Kernel", "Params"]
-
-#: where a kernel may run its arithmetic between energy calls (see ``HMC`` and ``NUTS``)
-BOOKKEEPING = ("auto", "host", "tensor")
+__all__ = ["Kernel", "Params"]
 
 
 class Params(NamedTuple):

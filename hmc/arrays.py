@@ -1,0 +1,132 @@
+"""The array engine of a run: NumPy on the CPU, torch on other devices.
+
+The sampler's own arithmetic (kernels, integrator, metric, adaptation, recording) is
+written once, against the functions NumPy and torch share (``where``, ``exp``, ``stack``,
+``cumsum``, indexing, ...), and runs on the arrays it is given. A run picks its engine once,
+from the device (:func:`engine_for`), and records it. On a CPU a NumPy operation on a small
+array costs about a microsecond and a torch operation several, so for the few hundred small
+operations of a NUTS tick NumPy is the faster engine at any number of chains; on an
+accelerator torch keeps every array on the device. The user's log density always receives
+torch tensors: on the CPU they share the NumPy arrays' memory, so nothing is copied.
+
+The few functions whose names or signatures differ between the two live here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "ENGINES",
+    "as_arrays",
+    "as_tensors",
+    "astype_like",
+    "concatenate",
+    "engine_for",
+    "logcumsumexp",
+    "namespace",
+    "numpy_dtype",
+    "to_float64",
+    "to_int64",
+    "zeros",
+]
+
+#: the engines a run may compute in (``"auto"`` picks by device)
+ENGINES = ("auto", "numpy", "torch")
+
+type Array = torch.Tensor | np.ndarray
+
+
+def engine_for(device: torch.device, engine: str = "auto") -> str:
+    """The engine of a run on ``device``: ``"numpy"`` on the CPU and ``"torch"`` elsewhere
+    for ``"auto"``; an explicit choice is checked (NumPy arrays live on the CPU only)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "auto":
+        return "numpy" if device.type == "cpu" else "torch"
+    if engine == "numpy" and device.type != "cpu":
+        raise ValueError(
+            f"engine='numpy' computes on the CPU, but the chains are on {device}; "
+            "use engine='torch' (or 'auto')"
+        )
+    return engine
+
+
+def namespace(x: Array):
+    """``numpy`` for a NumPy array, ``torch`` for a tensor."""
+    return np if isinstance(x, np.ndarray) else torch
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The NumPy dtype of a torch floating-point dtype."""
+    return {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32)}[dtype]
+
+
+def logcumsumexp(x: Array, axis: int) -> Array:
+    """``log(cumsum(exp(x)))`` along ``axis``, ``-inf`` where every term is."""
+    if isinstance(x, np.ndarray):
+        return np.logaddexp.accumulate(x, axis=axis)
+    return torch.logcumsumexp(x, dim=axis)
+
+
+def concatenate(arrays: Sequence[Array], axis: int) -> Array:
+    """``arrays`` joined along ``axis``."""
+    if isinstance(arrays[0], np.ndarray):
+        return np.concatenate(arrays, axis=axis)
+    return torch.cat(tuple(arrays), dim=axis)
+
+
+_KINDS = {"int": (np.int64, torch.int64), "bool": (np.bool_, torch.bool)}
+
+
+def zeros(like: Array, shape: tuple[int, ...], kind: str | None = None) -> Array:
+    """Zeros of ``shape`` in the engine and on the device of ``like``, with its dtype, or
+    ``kind`` ``"int"`` (int64) or ``"bool"``."""
+    if isinstance(like, np.ndarray):
+        return np.zeros(shape, dtype=like.dtype if kind is None else _KINDS[kind][0])
+    dtype = like.dtype if kind is None else _KINDS[kind][1]
+    return torch.zeros(shape, dtype=dtype, device=like.device)
+
+
+def to_int64(x: Array) -> Array:
+    """``x`` as int64 (same engine; truncates floats)."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.int64)
+    return x.to(torch.int64)
+
+
+def to_float64(x: Array) -> Array:
+    """``x`` as float64 (same engine)."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float64)
+    return x.to(torch.float64)
+
+
+def astype_like(x: Array, like: Array) -> Array:
+    """``x`` converted to the dtype of ``like`` (same engine)."""
+    if isinstance(x, np.ndarray):
+        return x.astype(like.dtype, copy=False)
+    return x.to(like.dtype)
+
+
+def as_arrays(record):
+    """A (nested) record with every CPU tensor replaced by the NumPy array that shares its
+    memory; other fields (numbers, arrays, None) are kept as they are."""
+    if isinstance(record, torch.Tensor):
+        return record.detach().numpy()
+    if isinstance(record, tuple) and hasattr(record, "_fields"):
+        return type(record)(*map(as_arrays, record))
+    return record
+
+
+def as_tensors(record):
+    """The inverse of :func:`as_arrays`: NumPy arrays become CPU tensors sharing their
+    memory."""
+    if isinstance(record, np.ndarray):
+        return torch.from_numpy(record)
+    if isinstance(record, tuple) and hasattr(record, "_fields"):
+        return type(record)(*map(as_tensors, record))
+    return record
