@@ -16,10 +16,7 @@ from __future__ import annotations
 import math
 from enum import IntEnum
 
-import numpy as np
 import torch
-
-from hmc.arrays import numpy_dtype
 
 __all__ = [
     "Stream",
@@ -29,6 +26,7 @@ __all__ = [
     "uniform",
     "uniform_at",
     "uniform_from",
+    "uniform_scalar",
 ]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
@@ -52,14 +50,13 @@ def _wrap(value: int) -> int:
     return (value + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
-def _shift_right[A: (torch.Tensor, np.ndarray)](x: A, bits: int) -> A:
-    """Logical right shift of int64 values (``>>`` is arithmetic in torch and NumPy)."""
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of an int64 tensor (torch's ``>>`` is arithmetic)."""
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def _mix[A: (torch.Tensor, np.ndarray)](x: A) -> A:
-    """SplitMix64's finaliser: a bijection of 64-bit integers with full avalanche (int64
-    tensors or NumPy arrays; both wrap on overflow)."""
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser: a bijection of 64-bit integers with full avalanche."""
     x = (x ^ _shift_right(x, 30)) * _MIX1
     x = (x ^ _shift_right(x, 27)) * _MIX2
     return x ^ _shift_right(x, 31)
@@ -141,16 +138,28 @@ def uniform_at(
     return uniform_from(stream_keys(keys, stream), index, dtype)
 
 
-def uniform_from[A: (torch.Tensor, np.ndarray)](
-    stream_key: A, index: A, dtype: torch.dtype = torch.float64
-) -> A:
-    """:func:`uniform_at` for the ``(C,)`` keys of one stream from :func:`stream_keys`:
-    int64 tensors, or NumPy arrays (the NumPy engine's per-tick draws), bit-identical."""
-    key = stream_key.reshape((-1,) + (1,) * (index.ndim - 1))
+def uniform_from(
+    stream_key: torch.Tensor, index: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """:func:`uniform_at` for the ``(C,)`` keys of one stream from :func:`stream_keys`."""
+    key = stream_key.view((-1,) + (1,) * (index.dim() - 1))
     return _to_unit_interval(_mix(key + index * _GOLDEN), dtype)
 
 
-def _to_unit_interval[A: (torch.Tensor, np.ndarray)](bits: A, dtype: torch.dtype) -> A:
+_MASK = (1 << 64) - 1
+
+
+def uniform_scalar(stream_key: int, index: int) -> float:
+    """:func:`uniform_from` for one chain in plain Python integers: value number ``index``
+    of the stream whose key (an element of :func:`stream_keys`, as a Python int) is
+    ``stream_key``. Bit-identical to the float64 tensor version."""
+    x = (stream_key + index * _GOLDEN) & _MASK
+    x = ((x ^ (x >> 30)) * _MIX1) & _MASK
+    x = ((x ^ (x >> 27)) * _MIX2) & _MASK
+    return (((x ^ (x >> 31)) >> 12) + 0.5) * 2.0**-52
+
+
+def _to_unit_interval(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Uniforms strictly inside (0, 1) from random 64-bit integers.
 
     The top ``m`` bits, with ``m`` one less than the precision of ``dtype`` (52 for
@@ -159,6 +168,4 @@ def _to_unit_interval[A: (torch.Tensor, np.ndarray)](bits: A, dtype: torch.dtype
     """
     mantissa = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
     top = _shift_right(bits, 64 - mantissa)
-    if isinstance(top, np.ndarray):
-        return ((top.astype(np.float64) + 0.5) * 2.0**-mantissa).astype(numpy_dtype(dtype))
     return ((top.to(torch.float64) + 0.5) * 2.0**-mantissa).to(dtype)

@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import torch
 
+from hmc.arrays import as_arrays
+
 torch.set_num_threads(1)
 
 __all__ = [
@@ -168,6 +170,21 @@ def assert_moments(
 
 
 # ---------------------------------------------------------------------- fixtures
+ENGINES = ("numpy", "torch")
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request) -> str:
+    """Each array engine the sampler can compute in on the CPU (``hmc.arrays``): tests
+    that take this fixture run on every engine."""
+    return request.param
+
+
+def in_engine(record, engine: str):
+    """A record of CPU tensors in ``engine``'s arrays (NumPy views for ``"numpy"``)."""
+    return as_arrays(record) if engine == "numpy" else record
+
+
 @pytest.fixture
 def standard_normal():
     """``log_prob`` of a standard normal of any dimension (one position or a batch)."""

@@ -11,12 +11,14 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from conftest import in_engine
 from nuts_oracle import Oracle, Point
 
 import hmc
-from hmc.integrators import leapfrog, leapfrog_numpy
+from hmc.arrays import as_tensors
+from hmc.integrators import leapfrog
 from hmc.kernels.base import Params
-from hmc.metric import metric_from_inverse, to_numpy
+from hmc.metric import metric_from_inverse
 from hmc.random import Stream, chain_keys, normal, uniform_at
 from hmc.state import State
 
@@ -39,25 +41,26 @@ def funnel(q):
     return -(v**2) / 18 - (x**2 / torch.exp(v).unsqueeze(-1)).sum(-1) / 2 - (x.shape[-1] / 2) * v
 
 
-def run_fast(kernel, log_prob, q0, step_size, inverse, seed):
-    """One transition per chain with the batched kernel; per-chain (q, info) rows."""
+def run_fast(kernel, log_prob, q0, step_size, inverse, seed, engine="torch"):
+    """One transition per chain with the batched kernel in ``engine``; per-chain
+    (q, info) rows."""
     potential = hmc.Potential(log_prob, batched=True)
     U, g = potential.value_and_grad(q0)
     chains = q0.shape[0]
-    ks = kernel.init(State(q0, U, g), num_transitions=1)
-    params = Params(step_size, metric_from_inverse(inverse))
+    ks = kernel.init(in_engine(State(q0, U, g), engine), num_transitions=1)
+    params = Params(in_engine(step_size, engine), metric_from_inverse(inverse))
     keys = chain_keys(seed, torch.arange(chains))
-    sampling = torch.ones(chains, dtype=torch.bool)
+    sampling = in_engine(torch.ones(chains, dtype=torch.bool), engine)
     results = {}
     for _ in range(5000):
         ks, done = kernel.advance(ks, params, potential, keys, sampling)
-        if hasattr(ks, "flags"):  # the batched bookkeeping reads its flags once per tick
+        if engine == "torch":  # the driver reads the kernel's flags once per tick
             ks = kernel.with_host_flags(ks, ks.flags.tolist())
-        if done.any():  # a tensor, or a NumPy array from the host bookkeeping
-            state, info = kernel.report(ks)
+        if done.any():
+            state, info = map(as_tensors, kernel.report(ks))
             for c in np.flatnonzero(np.asarray(done)).tolist():
                 results[c] = (
-                    torch.tensor(np.asarray(state.position[c])),
+                    state.position[c].clone(),
                     {k: v[c].item() for k, v in info._asdict().items()},
                 )
         if len(results) == chains:
@@ -65,24 +68,27 @@ def run_fast(kernel, log_prob, q0, step_size, inverse, seed):
     return results, keys, potential
 
 
-def run_oracle(log_prob, q0, step, inverse, key, max_depth, host=False):
-    """Stan's transition from the recursive oracle, stepping with the package's leapfrog:
-    the NumPy one when ``host`` (as the host bookkeeping does), else the tensor one."""
+def run_oracle(log_prob, q0, step, inverse, key, max_depth, engine="torch"):
+    """Stan's transition from the recursive oracle, stepping with the package's leapfrog
+    in ``engine``'s arrays, as the kernel does."""
     potential = hmc.Potential(log_prob, batched=True)
     metric = metric_from_inverse(inverse.unsqueeze(0))
-    host_metric = to_numpy(metric)
+    engine_metric = in_engine(metric, engine)
 
     def one_step(z: Point, eps: float) -> Point:
         """The package's leapfrog on a one-row batch."""
-        if host:
-            rows = (z.q.unsqueeze(0).numpy(), z.g.unsqueeze(0).numpy(), z.p.unsqueeze(0).numpy())
-            q, U, g, p = leapfrog_numpy(*rows, np.array([[eps]]), host_metric, potential)
-            return Point(
-                torch.from_numpy(q[0]), float(U[0]), torch.from_numpy(g[0]), torch.from_numpy(p[0])
-            )
         start = State(z.q.unsqueeze(0), torch.tensor([z.U], dtype=z.q.dtype), z.g.unsqueeze(0))
         eps = torch.tensor([[eps]], dtype=z.q.dtype)
-        moved, p = leapfrog(start, z.p.unsqueeze(0), eps, metric, potential)
+        moved, p = map(
+            as_tensors,
+            leapfrog(
+                in_engine(start, engine),
+                in_engine(z.p.unsqueeze(0), engine),
+                in_engine(eps, engine),
+                engine_metric,
+                potential,
+            ),
+        )
         return Point(moved.position[0], moved.potential.item(), moved.grad[0], p[0])
 
     noise = normal(key.view(1), Stream.MOMENTUM, torch.zeros(1, dtype=torch.int64), q0.shape[0])
@@ -118,15 +124,14 @@ def random_cases(gen, chains, dim, step_range, dense=False):
     return q0, step, inverse
 
 
-def assert_matches_oracle(kernel, log_prob, q0, step, inverse, seed, max_depth=10):
+def assert_matches_oracle(kernel, log_prob, q0, step, inverse, seed, engine, max_depth=10):
     """Every chain's transition equals the oracle's: tree size, depth, flags, the selected
     point, the acceptance statistic and the energy. Returns the kernel's per-chain info."""
-    fast, keys, _ = run_fast(kernel, log_prob, q0, step, inverse, seed=seed)
+    fast, keys, _ = run_fast(kernel, log_prob, q0, step, inverse, seed=seed, engine=engine)
     for c in range(q0.shape[0]):
         expected = run_oracle(
-            log_prob, q0[c], step[c].item(), inverse[c], keys[c], max_depth,
-            host=kernel.bookkeeping == "host",
-        )  # fmt: skip
+            log_prob, q0[c], step[c].item(), inverse[c], keys[c], max_depth, engine
+        )
         q, info = fast[c]
         assert info["n_steps"] == expected.n_leapfrog, c
         assert info["tree_depth"] == expected.depth, c
@@ -141,19 +146,17 @@ def assert_matches_oracle(kernel, log_prob, q0, step, inverse, seed, max_depth=1
 @pytest.mark.parametrize("name", sorted(TARGETS))
 @pytest.mark.parametrize("max_depth", [4, 10])
 @pytest.mark.parametrize("dense", [False, True])
-@pytest.mark.parametrize("bookkeeping", ["tensor", "host"])
-def test_iterative_kernel_matches_recursive_oracle(name, max_depth, dense, bookkeeping):
+def test_iterative_kernel_matches_recursive_oracle(name, max_depth, dense, engine):
     log_prob, dim = TARGETS[name]
     # seeded from the case's name: the same cases in every process (hash() of a str is salted)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name} {max_depth} {dense}".encode()))
     # step sizes from 0.01 (long trees, max depth) to 30 (divergent)
     q0, step, inverse = random_cases(gen, 24, dim, (0.01, 30.0), dense)
-    kernel = hmc.NUTS(max_tree_depth=max_depth, bookkeeping=bookkeeping)
-    assert_matches_oracle(kernel, log_prob, q0, step, inverse, seed=7, max_depth=max_depth)
+    kernel = hmc.NUTS(max_tree_depth=max_depth)
+    assert_matches_oracle(kernel, log_prob, q0, step, inverse, 7, engine, max_depth=max_depth)
 
 
-@pytest.mark.parametrize("bookkeeping", ["tensor", "host"])
-def test_matches_oracle_where_the_checks_across_subtrees_matter(bookkeeping):
+def test_matches_oracle_where_the_checks_across_subtrees_matter(engine):
     """100-D iid normal, step sizes 0.3..1.5: without Stan's two extra U-turn checks per
     merge, about a fifth of these transitions run to depth 6-10 (stan#2799)."""
     chains, dim = 64, 100
@@ -161,30 +164,28 @@ def test_matches_oracle_where_the_checks_across_subtrees_matter(bookkeeping):
     q0 = torch.randn(chains, dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     step = torch.linspace(0.3, 1.5, chains, dtype=torch.float64)
     inverse = torch.ones(chains, dim, dtype=torch.float64)
-    kernel = hmc.NUTS(bookkeeping=bookkeeping)
-    infos = assert_matches_oracle(kernel, log_prob, q0, step, inverse, seed=3)
+    infos = assert_matches_oracle(hmc.NUTS(), log_prob, q0, step, inverse, 3, engine)
     assert all(info["tree_depth"] <= 4 for info in infos)
 
 
-@pytest.mark.parametrize("bookkeeping", ["tensor", "host"])
-def test_matches_oracle_where_the_checks_within_subtrees_matter(bookkeeping):
+def test_matches_oracle_where_the_checks_within_subtrees_matter(engine):
     """2-D scaled Gaussian, step sizes 0.1..0.5, 1024 chains: 6 of these transitions end
     on a merge's check from the last point of the left half across the right half, and on
-    no other check; without that check they take 2-4 more leapfrog steps (both
-    bookkeepings). The random cases above meet such a transition about once in 900."""
+    no other check; without that check they take 2-4 more leapfrog steps. The random
+    cases above meet such a transition about once in 900."""
     log_prob = gaussian(torch.tensor([0.1, 3.0], dtype=torch.float64))
     q0, step, inverse = random_cases(torch.Generator().manual_seed(0), 1024, 2, (0.1, 0.5))
-    assert_matches_oracle(hmc.NUTS(bookkeeping=bookkeeping), log_prob, q0, step, inverse, seed=7)
+    assert_matches_oracle(hmc.NUTS(), log_prob, q0, step, inverse, 7, engine)
 
 
-def test_oracle_cases_cover_divergence_and_max_depth():
+def test_oracle_cases_cover_divergence_and_max_depth(engine):
     """The comparison above includes diverging, max-depth and ordinary U-turn cases."""
     log_prob, dim = TARGETS["gaussian"]
     chains = 40
     q0 = torch.randn(chains, dim, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     step = torch.logspace(-2, 1.5, chains, dtype=torch.float64)
     inverse = torch.ones(chains, dim, dtype=torch.float64)
-    fast, _, _ = run_fast(hmc.NUTS(max_tree_depth=5), log_prob, q0, step, inverse, seed=1)
+    fast, _, _ = run_fast(hmc.NUTS(max_tree_depth=5), log_prob, q0, step, inverse, 1, engine)
     infos = [fast[c][1] for c in range(chains)]
     assert any(i["diverging"] for i in infos)
     assert any(i["reached_max_treedepth"] for i in infos)

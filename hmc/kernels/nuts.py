@@ -17,10 +17,11 @@ merge) are evaluated for all levels at once with cumulative sums over the stack.
 whose transition ends reports its draw and starts its next transition at the next tick, so
 no chain waits for another's tree. Memory is ``O(C x max_tree_depth x D)``.
 
-The arithmetic is written once against the operations NumPy and torch share and runs in
-the engine of the state it is given (:mod:`hmc.arrays`): NumPy arrays on the CPU, tensors
-on an accelerator, where the kernel reads a few flags from the device once per tick (the
-driver reads them with its own counters) and never per leapfrog step.
+This module keeps the trees in batched tensors: the layout of the torch engine (any device,
+any number of chains, one host read per tick). The NumPy engine, the CPU's default, keeps
+each chain's tree in Python floats and NumPy rows instead (:mod:`hmc.kernels.nuts_host`),
+far cheaper per tick for the chain counts CPUs run (``benchmarks/RESULTS.md``). The
+kernel picks the layout from the arrays of the state it is given, once per run.
 
 Random numbers. Chain ``c``'s momentum for its transition ``t`` and the uniforms of that
 transition (one per doubling for the direction, one per subtree merge in the recursion's
@@ -32,33 +33,23 @@ consumes it, which leaves the distribution unchanged.)
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from hmc.arrays import (
-    as_arrays,
-    as_tensors,
-    astype_like,
-    concatenate,
-    logcumsumexp,
-    namespace,
-    zeros,
-)
 from hmc.integrators import leapfrog
+from hmc.kernels import nuts_host
 from hmc.kernels.base import Params
-from hmc.metric import Metric, kinetic_energy_and_velocity, no_u_turn
+from hmc.metric import kinetic_energy_and_velocity, no_u_turn
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_from
 from hmc.state import State, put_rows, take_rows, true_rows, where_rows
 
 __all__ = ["NUTS", "NUTSInfo", "NUTSState"]
 
-TREE_DRAWS_BITS = 32  # each transition owns 2**32 uniforms of its chain's TREE stream
-_TREE_DRAWS = 1 << TREE_DRAWS_BITS
+_TREE_DRAWS = 1 << nuts_host.TREE_DRAWS_BITS  # uniforms per transition (TREE stream)
 
 
 class NUTSInfo(NamedTuple):
@@ -146,8 +137,7 @@ class Trajectory(NamedTuple):
 
 
 class NUTSState(NamedTuple):
-    """Kernel state: each chain's in-flight trajectory and counters (arrays of the run's
-    engine).
+    """Kernel state: each chain's in-flight trajectory and counters.
 
     transition : ``(C,)`` index of the in-flight (or next) transition of each chain.
     limit : ``(C,)`` number of transitions each chain is to run.
@@ -155,16 +145,12 @@ class NUTSState(NamedTuple):
     starting : ``(C,)`` the chains that start a transition at the next tick; they start
         from their trajectory's ``sample`` (the last draw, or the initial state).
     busy : ``(C,)`` the chains that took a leapfrog step in the last tick.
-    flags : ``(7,)`` int64 for the next tick: whether any chain starts a transition,
-        begins a doubling or is busy, then whether all do, then the number of busy chains.
-        On an accelerator the driver reads them with its own counters (one host read per
-        tick) and hands them back through :meth:`NUTS.with_host_flags`; ``host`` holds the
-        values read (the NumPy engine reads them itself).
+    flags : ``(7,)`` device tensor for the next tick: whether any chain starts a
+        transition, begins a doubling or is busy, then whether all do, then the number of
+        busy chains; read by the driver with its own counters (one host read per tick).
+        ``host`` holds the values it read.
     keys, tree_keys : the chain keys of the last tick and their TREE stream keys (mixed
         once, not per tick).
-    metric_source, metric : the last metric passed in and the same in the engine's arrays.
-    host_done, host_busy : with the NumPy engine, the chains whose transition ended in the
-        last tick (a list) and the number of chains that moved in it; None with tensors.
     """
 
     transition: torch.Tensor
@@ -178,10 +164,6 @@ class NUTSState(NamedTuple):
     host: tuple[int, ...]
     keys: torch.Tensor | None = None
     tree_keys: torch.Tensor | None = None
-    metric_source: Metric | None = None
-    metric: Metric | None = None
-    host_done: list[int] | None = None
-    host_busy: int = 0
 
 
 @dataclass(frozen=True)
@@ -223,30 +205,35 @@ class NUTS:
         return tuple(depth) if isinstance(depth, tuple | list) else (depth, depth)
 
     # ------------------------------------------------------------------ driver API
-    def init(self, state: State, num_transitions: int | None = None) -> NUTSState:
-        """Kernel state for chains at ``state`` (tensors, or NumPy arrays for the NumPy
-        engine); each runs ``num_transitions`` (unbounded when None) transitions."""
+    def init(
+        self, state: State, num_transitions: int | None = None
+    ) -> NUTSState | nuts_host.HostNUTSState:
+        """Kernel state for chains at ``state``; each runs ``num_transitions`` (unbounded
+        when None) transitions. NumPy arrays (the NumPy engine) get each chain's tree on
+        the host, tensors the batched trees."""
         position = state.position
         chains, dim = position.shape
+        if isinstance(position, np.ndarray):
+            return nuts_host.init(state, num_transitions, self._depths(), self.max_energy_error)
+        device = position.device
         levels = max(self._depths())
-        zeros_c = zeros(position, (chains,))
-        ints = zeros(position, (chains,), "int")
-        falses = zeros(position, (chains,), "bool")
-        xp = namespace(position)
-        point = Point(position, state.potential, state.grad, xp.zeros_like(position))
+        zeros_c = torch.zeros(chains, dtype=position.dtype, device=device)
+        ints = torch.zeros(chains, dtype=torch.int64, device=device)
+        falses = torch.zeros(chains, dtype=torch.bool, device=device)
+        point = Point(position, state.potential, state.grad, torch.zeros_like(position))
         sample = Proposal(
-            xp.stack((position, state.grad), 1), xp.stack((state.potential, zeros_c), 1)
+            torch.stack((position, state.grad), 1), torch.stack((state.potential, zeros_c), 1)
         )
         trajectory = Trajectory(
             start_energy=zeros_c,
             edge=point,
             other=point,
             edge_forward=falses,
-            signed_step=zeros_c[:, None],
-            near_p=xp.zeros_like(position),
-            near_v=xp.zeros_like(position),
-            other_v=xp.zeros_like(position),
-            rho=xp.zeros_like(position),
+            signed_step=zeros_c.unsqueeze(-1),
+            near_p=torch.zeros_like(position),
+            near_v=torch.zeros_like(position),
+            other_v=torch.zeros_like(position),
+            rho=torch.zeros_like(position),
             log_weight=zeros_c,
             sample=sample,
             depth=ints,
@@ -258,12 +245,13 @@ class NUTS:
             next_uniform=ints,
             max_depth=ints,
             stack=Stack(
-                zeros(position, (chains, levels, 7, dim)), zeros(position, (chains, levels, 3))
+                position.new_zeros(chains, levels, 7, dim), position.new_zeros(chains, levels, 3)
             ),
         )
-        limit = ints + (num_transitions if num_transitions is not None else 2**62)
+        limit = torch.full(
+            (chains,), num_transitions if num_transitions is not None else 2**62, device=device
+        )
         starting = limit > 0
-        flags = _flags(starting, starting, starting)
         return NUTSState(
             transition=ints,
             limit=limit,
@@ -272,9 +260,8 @@ class NUTS:
             starting=starting,
             busy=falses,
             trajectory=trajectory,
-            flags=flags,
-            host=tuple(flags.tolist()) if isinstance(flags, np.ndarray) else (1,) * 6 + (chains,),
-            host_done=[] if isinstance(flags, np.ndarray) else None,
+            flags=_flags(starting, starting, starting),
+            host=(True,) * 6 + (chains,),
         )
 
     def advance(
@@ -287,26 +274,17 @@ class NUTS:
     ) -> tuple[NUTSState, torch.Tensor]:
         """One tick: every busy chain takes one leapfrog step.
 
-        ``params`` holds step sizes ``(C,)`` in the engine's arrays and the metric (torch
-        tensors; converted once per change for the NumPy engine). ``sampling`` ``(C,)``
-        selects the sampling-phase depth cap for transitions that start now. Returns the
-        new kernel state and ``done`` ``(C,)``, the chains whose transition ended (their
-        draws and statistics come from :meth:`report`).
+        ``sampling`` ``(C,)`` selects the sampling-phase depth cap for transitions that
+        start now. Returns the new kernel state and ``done`` ``(C,)``, the chains whose
+        transition ended (their draws and statistics come from :meth:`report`); NumPy
+        arrays with the NumPy engine.
         """
+        if isinstance(kernel_state, nuts_host.HostNUTSState):
+            return nuts_host.advance(kernel_state, params, potential, keys, sampling)
         ks = kernel_state
         any_start, any_doubling, _, all_start, all_doubling, all_busy, n_busy = ks.host
-        on_numpy = isinstance(ks.transition, np.ndarray)
-        if ks.keys is keys:
-            tree_keys = ks.tree_keys
-        else:
-            tree_keys = stream_keys(keys, Stream.TREE)
-            tree_keys = tree_keys.numpy() if on_numpy else tree_keys
-        source, metric = params.metric, ks.metric
-        if ks.metric_source is not source:
-            metric = as_arrays(source) if on_numpy else source
-        params = Params(params.step_size, metric)
+        tree_keys = ks.tree_keys if ks.keys is keys else stream_keys(keys, Stream.TREE)
         traj = ks.trajectory
-        xp = namespace(ks.transition)
         # 1. chains without a transition in flight start one (if they have any left)
         start = ks.starting
         if any_start:
@@ -317,40 +295,40 @@ class NUTS:
         # (the first), then those of the merges the leaf may close (the rest, shifted by
         # one for chains that begin a doubling, which takes the first)
         chains, levels = traj.stack.scalars.shape[:2]
-        span = _constants(ks.transition, chains, levels)[2]
-        u = uniform_from(tree_keys, traj.next_uniform[:, None] + span)  # (C, L+2)
+        span = _constants(chains, levels, keys.device)[2]
+        u = uniform_from(tree_keys, traj.next_uniform.unsqueeze(-1) + span)  # (C, L+2)
         merge_u = u[:, :-1]
         # chains beginning a doubling turn to the end it extends
         if any_doubling:
             doubling = None if all_doubling else ks.new_doubling | start
             traj = _begin_doubling(traj, params, u[:, 0] > 0.5, doubling)
             after = u[:, 1:]
-            merge_u = after if doubling is None else xp.where(doubling[:, None], after, merge_u)
+            merge_u = after if doubling is None else torch.where(doubling[:, None], after, merge_u)
         # 3. one leapfrog step from the edge of every busy chain
         edge, signed = traj.edge, traj.signed_step
         base = State(edge.position, edge.potential, edge.grad)
         if all_busy:
-            moved, p = leapfrog(base, edge.momentum, signed, metric, potential)
-            leaf = Point(*moved, p)
+            moved, p = leapfrog(base, edge.momentum, signed, params.metric, potential)
         else:
             rows = true_rows(in_flight, n_busy)
             sub, sub_p = leapfrog(
                 take_rows(base, rows),
-                edge.momentum[rows],
-                signed[rows],
-                take_rows(metric, rows),
+                edge.momentum.index_select(0, rows),
+                signed.index_select(0, rows),
+                take_rows(params.metric, rows),
                 potential,
             )
-            leaf = put_rows(edge, rows, Point(*sub, sub_p))
+            moved = put_rows(base, rows, sub)
+            p = edge.momentum.index_copy(0, rows, sub_p)
+        leaf = Point(moved.position, moved.potential, moved.grad, p)
         # 4. the leaf joins its subtree; closing sub-subtrees are merged and checked
         traj, finished = self._add_leaf(traj, leaf, params, merge_u)
         done = finished & in_flight
         # 5. chains whose transition ended start anew from their draw next tick
-        transition = ks.transition + done
+        transition = ks.transition + done.to(ks.transition.dtype)
         still = in_flight & ~done
         new_doubling = still & (traj.leaf == 0)
         starting = ~still & (transition < ks.limit)
-        flags = _flags(starting, new_doubling | starting, still | starting)
         state = NUTSState(
             transition=transition,
             limit=ks.limit,
@@ -359,26 +337,25 @@ class NUTS:
             starting=starting,
             busy=in_flight,
             trajectory=traj,
-            flags=flags,
-            host=tuple(flags.tolist()) if on_numpy else ks.host,
+            flags=_flags(starting, new_doubling | starting, still | starting),
+            host=ks.host,
             keys=keys,
             tree_keys=tree_keys,
-            metric_source=source,
-            metric=metric,
-            host_done=np.flatnonzero(done).tolist() if on_numpy else None,
-            host_busy=n_busy,
         )
         return state, done
 
     @staticmethod
     def report(kernel_state: NUTSState) -> tuple[State, NUTSInfo]:
         """The draws and statistics of the transitions that ended in the last tick
-        (valid in the rows of the chains reported ``done``)."""
+        (valid in the rows of the chains reported ``done``), in the run's engine."""
+        if isinstance(kernel_state, nuts_host.HostNUTSState):
+            state, stats = nuts_host.report(kernel_state)
+            return state, NUTSInfo(**stats)
         traj = kernel_state.trajectory
         n_steps = traj.n_steps
         energy = traj.sample.energy
         info = NUTSInfo(
-            acceptance_rate=traj.sum_accept / astype_like(n_steps.clip(min=1), energy),
+            acceptance_rate=traj.sum_accept / n_steps.clamp(min=1).to(traj.sum_accept.dtype),
             n_steps=n_steps,
             diverging=traj.diverging,
             energy=energy,
@@ -406,34 +383,29 @@ class NUTS:
         traj = ks.trajectory
         current = traj.sample.state()
         metric = params.metric
-        xp = namespace(ks.transition)
-        dim = current.position.shape[1]
-        if xp is np:  # the momentum noise is drawn as tensors sharing the arrays' memory
-            dtype = as_tensors(current.potential).dtype
-            noise = normal(keys, Stream.MOMENTUM, as_tensors(ks.transition), dim, dtype).numpy()
-        else:
-            noise = normal(keys, Stream.MOMENTUM, ks.transition, dim, current.position.dtype)
+        dtype = current.position.dtype
+        noise = normal(keys, Stream.MOMENTUM, ks.transition, current.position.shape[1], dtype)
         p = metric.momentum(noise)
         energy = current.potential + metric.kinetic_energy(p)
         point = Point(current.position, current.potential, current.grad, p)
         warm_depth, sample_depth = self._depths()
-        zeros_c = xp.zeros_like(energy)
-        ints = xp.zeros_like(ks.transition)
+        zeros_c = torch.zeros_like(energy)
+        ints = torch.zeros_like(ks.transition)
         return traj._replace(
             start_energy=energy,
             edge=point,
             other=point,
             rho=p,
             log_weight=zeros_c,
-            sample=Proposal(traj.sample.vectors, xp.stack((current.potential, energy), 1)),
+            sample=Proposal(traj.sample.vectors, torch.stack((current.potential, energy), 1)),
             depth=ints,
             leaf=ints,
             n_steps=ints,
             sum_accept=zeros_c,
-            diverging=xp.zeros_like(ks.in_flight),
+            diverging=torch.zeros_like(ks.in_flight),
             max_error=zeros_c,
             next_uniform=ks.transition * _TREE_DRAWS,
-            max_depth=ints + xp.where(sampling, sample_depth, warm_depth),
+            max_depth=torch.where(sampling, sample_depth, warm_depth).to(ints.dtype),
         )
 
     def _add_leaf(
@@ -446,41 +418,41 @@ class NUTS:
         metric = params.metric
         vectors, scalars = traj.stack
         chains, levels = scalars.shape[:2]
-        xp = namespace(scalars)
-        level, level_mask, span, rows = _constants(traj.leaf, chains, levels)
+        level, level_mask, span, rows = _constants(chains, levels, leaf.position.device)
         h0 = traj.start_energy
         kinetic, velocity = kinetic_energy_and_velocity(metric, leaf.momentum)
-        energy = xp.nan_to_num(leaf.potential + kinetic, nan=math.inf, posinf=math.inf)
+        energy = leaf.potential + kinetic
+        energy = torch.nan_to_num(energy, nan=torch.inf, posinf=torch.inf)
         error = energy - h0
         divergent = error > self.max_energy_error
         log_w = -error  # H0 - H, -inf when H is infinite
-        accept = xp.exp(log_w.clip(max=0.0))
-        ends = xp.stack((leaf.momentum, velocity), 1)  # (C, 2, D): p and v at the leaf
+        accept = torch.exp(torch.clamp(log_w, max=0.0))
+        ends = torch.stack((leaf.momentum, velocity), 1)  # (C, 2, D): p and v at the leaf
         leaf_proposal = Proposal(
-            xp.stack((leaf.position, leaf.grad), 1), xp.stack((leaf.potential, energy), 1)
+            torch.stack((leaf.position, leaf.grad), 1), torch.stack((leaf.potential, energy), 1)
         )
 
         # Sub-subtrees closing at leaf k: one per trailing one-bit of k (levels 0..t-1);
         # level l closes iff bits 0..l of k are all ones, i.e. 2**(l+1) divides k + 1.
         k = traj.leaf
-        closing = ((k + 1)[:, None] & level_mask) == 0  # (C, L)
+        closing = ((k + 1).unsqueeze(-1) & level_mask) == 0  # (C, L)
         closes = closing.sum(-1)  # t (C,)
         # node_l: the subtree of 2**l leaves ending at this leaf (node_0 is the leaf).
         # Its weight and momentum sum accumulate the stored left halves below level l.
-        log_weights = logcumsumexp(
-            concatenate((log_w[:, None], scalars[:, :, LOG_WEIGHT]), 1), 1
+        log_weights = torch.logcumsumexp(
+            torch.cat((log_w.unsqueeze(-1), scalars[:, :, LOG_WEIGHT]), dim=1), dim=1
         )  # (C, L+1): log weight of node_l
-        rhos = xp.cumsum(concatenate((leaf.momentum[:, None], vectors[:, :, RHO]), 1), 1)
+        rhos = torch.cumsum(torch.cat((leaf.momentum.unsqueeze(1), vectors[:, :, RHO]), 1), 1)
         # p and v at the first leaf of node_l's right half R_l = node_l: the leaf for l = 0
-        begin_r = concatenate((ends[:, None], vectors[:, :-1, P_BEGIN : V_BEGIN + 1]), 1)
-        v_leaf = xp.broadcast_to(velocity[:, None], vectors[:, :, V_BEGIN].shape)
+        begin_r = torch.cat((ends.unsqueeze(1), vectors[:, :-1, P_BEGIN : V_BEGIN + 1]), 1)
+        v_leaf = velocity.unsqueeze(1).expand(-1, levels, -1)
         v_begin_l = vectors[:, :, V_BEGIN]
         # Stan's three checks of a merge of left_l and node_l: across the whole merged
         # subtree, and across each half with the first (last) point of the other.
         ok = _no_u_turns(
-            xp.stack((v_begin_l, v_begin_l, vectors[:, :, V_END])),
-            xp.stack((v_leaf, begin_r[:, :, 1], v_leaf)),
-            xp.stack(
+            torch.stack((v_begin_l, v_begin_l, vectors[:, :, V_END])),
+            torch.stack((v_leaf, begin_r[:, :, 1], v_leaf)),
+            torch.stack(
                 (
                     rhos[:, 1:],
                     vectors[:, :, RHO] + begin_r[:, :, 0],
@@ -491,64 +463,68 @@ class NUTS:
         failed = closing & ~ok
         any_failed = failed.any(-1)
         # uniforms of the merges actually performed: levels 0..t-1, or up to the failure
-        merges = xp.amin(xp.where(failed, span[1:-1], closes[:, None]), -1)
-        merges = xp.where(divergent, 0, merges)
+        merges = torch.where(failed, span[1:-1], closes.unsqueeze(-1)).min(-1).values
+        merges = torch.where(divergent, 0, merges)
         # at a merge of left_l and node_l, node_l's proposal wins w.p. w(node_l) / w(node_{l+1})
-        right_wins = u[:, :levels] < xp.exp(log_weights[:, :-1] - log_weights[:, 1:])
+        right_wins = u[:, :levels] < torch.exp(log_weights[:, :-1] - log_weights[:, 1:])
         # the proposal of node_t: from the highest closing level where the left half won
         left_won = closing & ~right_wins
-        source = xp.amax(xp.where(left_won, level, -1), -1)  # -1: the leaf itself
+        source = torch.where(left_won, level, -1).amax(-1)  # -1: the leaf itself
         # one gather for both stored subtrees read: the proposal's source and the level
         # below node_t, whose first leaf begins node_t
-        below = (closes - 1).clip(min=0)
-        from_level = source.clip(min=0)
-        picked = vectors[rows[:, None], xp.stack((from_level, below), 1)]
-        from_stack = Proposal(picked[:, 0, POSITION:], scalars[rows, from_level, POTENTIAL:])
+        below = (closes - 1).clamp(min=0)
+        picked = vectors[rows.unsqueeze(-1), torch.stack((source.clamp(min=0), below), 1)]
+        from_stack = Proposal(
+            picked[:, 0, POSITION:], scalars[rows, source.clamp(min=0), POTENTIAL:]
+        )
         proposal = _where_proposal(source >= 0, from_stack, leaf_proposal)
         valid = ~(divergent | any_failed)
         node_weight = log_weights[rows, closes]
         node_rho = rhos[rows, closes]
-        node_begin = xp.where(
-            (closes > 0)[:, None, None], picked[:, 1, P_BEGIN : V_BEGIN + 1], ends
+        node_begin = torch.where(
+            (closes > 0).view(-1, 1, 1), picked[:, 1, P_BEGIN : V_BEGIN + 1], ends
         )  # (C, 2, D): p and v at node_t's first leaf
         complete = valid & (closes == traj.depth)
         # A completed left half waits on the stack at its level. Other chains write the
         # same slot too: for them it is above every level the current subtree reads
         # before writing it again, or their transition is over (idle chains' counters
-        # run on, hence the clip).
-        slot = closes.clip(max=levels - 1)
-        vectors[rows, slot] = concatenate(
-            (node_rho[:, None], node_begin, ends, proposal.vectors), 1
+        # run on, hence the clamp).
+        slot = closes.clamp(max=levels - 1)
+        vectors.index_put_(
+            (rows, slot), torch.cat((node_rho.unsqueeze(1), node_begin, ends, proposal.vectors), 1)
         )
-        scalars[rows, slot] = concatenate((node_weight[:, None], proposal.scalars), 1)
+        scalars.index_put_((rows, slot), torch.cat((node_weight.unsqueeze(1), proposal.scalars), 1))
 
         # ---- top level: a completed doubling merges into the trajectory
         top_u = u[rows, merges]
-        take = (node_weight > traj.log_weight) | (top_u < xp.exp(node_weight - traj.log_weight))
+        take = (node_weight > traj.log_weight) | (top_u < torch.exp(node_weight - traj.log_weight))
         sample = _where_proposal(complete & take, proposal, traj.sample)
-        log_weight = xp.where(complete, xp.logaddexp(traj.log_weight, node_weight), traj.log_weight)
+        log_weight = torch.where(
+            complete, torch.logaddexp(traj.log_weight, node_weight), traj.log_weight
+        )
         rho_total = traj.rho + node_rho
         persists = _no_u_turns(
-            xp.stack((traj.other_v, traj.other_v, traj.near_v)),
-            xp.stack((velocity, node_begin[:, 1], velocity)),
-            xp.stack((rho_total, traj.rho + node_begin[:, 0], node_rho + traj.near_p)),
+            torch.stack((traj.other_v, traj.other_v, traj.near_v)),
+            torch.stack((velocity, node_begin[:, 1], velocity)),
+            torch.stack((rho_total, traj.rho + node_begin[:, 0], node_rho + traj.near_p)),
         )
-        depth = traj.depth + complete
+        completed = complete.to(traj.depth.dtype)
+        depth = traj.depth + completed
         finished = ~valid | (complete & (~persists | (depth >= traj.max_depth)))
         return traj._replace(
             edge=leaf,
-            rho=xp.where(complete[:, None], rho_total, traj.rho),
+            rho=torch.where(complete.unsqueeze(-1), rho_total, traj.rho),
             log_weight=log_weight,
             sample=sample,
             depth=depth,
-            leaf=xp.where(complete, 0, k + 1),
+            leaf=torch.where(complete, 0, k + 1),
             n_steps=traj.n_steps + 1,
             sum_accept=traj.sum_accept + accept,
             diverging=traj.diverging | divergent,
-            max_error=xp.maximum(
-                traj.max_error, xp.nan_to_num(abs(error), nan=math.inf, posinf=math.inf)
+            max_error=torch.maximum(
+                traj.max_error, torch.nan_to_num(error.abs(), nan=torch.inf, posinf=torch.inf)
             ),
-            next_uniform=traj.next_uniform + merges + complete,
+            next_uniform=traj.next_uniform + merges + completed,
         ), finished
 
 
@@ -557,7 +533,6 @@ def _begin_doubling(
 ) -> Trajectory:
     """Chains ``doubling`` ``(C,)`` (every chain when None) begin a doubling in the drawn
     direction (``forward`` ``(C,)``): that end becomes the edge. Other rows keep theirs."""
-    xp = namespace(forward)
     swap = forward != traj.edge_forward
     if doubling is not None:
         swap = swap & doubling
@@ -566,21 +541,21 @@ def _begin_doubling(
     step_size = params.step_size
     velocity = params.metric.velocity
     fresh = (
-        xp.where(forward, step_size, -step_size)[:, None],
+        torch.where(forward, step_size, -step_size).unsqueeze(-1),
         edge.momentum,
         velocity(edge.momentum),
         velocity(other.momentum),
     )
     if doubling is None:
         signed_step, near_p, near_v, other_v = fresh
-        leaf, next_uniform = xp.zeros_like(traj.leaf), traj.next_uniform + 1
+        leaf, next_uniform = torch.zeros_like(traj.leaf), traj.next_uniform + 1
     else:
         kept = (traj.signed_step, traj.near_p, traj.near_v, traj.other_v)
-        rows = doubling[:, None]
+        rows = doubling.unsqueeze(-1)
         signed_step, near_p, near_v, other_v = (
-            xp.where(rows, new, old) for new, old in zip(fresh, kept, strict=True)
+            torch.where(rows, new, old) for new, old in zip(fresh, kept, strict=True)
         )
-        leaf, next_uniform = xp.where(doubling, 0, traj.leaf), traj.next_uniform + doubling
+        leaf, next_uniform = torch.where(doubling, 0, traj.leaf), traj.next_uniform + doubling
     return traj._replace(
         edge=edge,
         other=other,
@@ -602,36 +577,30 @@ def _no_u_turns(v_minus: torch.Tensor, v_plus: torch.Tensor, rho: torch.Tensor) 
 
 def _where_proposal(mask: torch.Tensor, a: Proposal, b: Proposal) -> Proposal:
     """Row-wise select: chain ``c``'s proposal from ``a`` where ``mask[c]``."""
-    xp = namespace(mask)
     return Proposal(
-        xp.where(mask[:, None, None], a.vectors, b.vectors),
-        xp.where(mask[:, None], a.scalars, b.scalars),
+        torch.where(mask.view(-1, 1, 1), a.vectors, b.vectors),
+        torch.where(mask.view(-1, 1), a.scalars, b.scalars),
     )
 
 
 def _flags(starting: torch.Tensor, doubling: torch.Tensor, busy: torch.Tensor) -> torch.Tensor:
     """``(7,)`` int64: whether any chain, then whether every chain, starts a transition,
     begins a doubling, or is busy at the next tick; then the number of busy chains."""
-    xp = namespace(busy)
-    masks = xp.stack((starting, doubling, busy))
-    count = busy.sum()
-    return concatenate((masks.any(1), masks.all(1), xp.reshape(count, (1,))), 0)
+    masks = torch.stack((starting, doubling, busy))
+    return torch.cat((masks.any(1), masks.all(1), busy.sum(0, keepdim=True)))
 
 
-_CONSTANTS: dict[tuple, tuple] = {}
+_CONSTANTS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, ...]] = {}
 
 
-def _constants(like: torch.Tensor, chains: int, levels: int) -> tuple:
+def _constants(chains: int, levels: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """``arange(levels)``, the masks ``2**(l+1) - 1`` of the low ``l + 1`` bits,
-    ``arange(levels + 2)`` and ``arange(chains)``, in the engine and on the device of the
-    int64 array ``like``, made once."""
-    on_numpy = isinstance(like, np.ndarray)
-    key = (chains, levels, "numpy" if on_numpy else like.device)
+    ``arange(levels + 2)`` and ``arange(chains)``, on ``device``, made once."""
+    key = (chains, levels, device)
     found = _CONSTANTS.get(key)
     if found is None:
-        span = np.arange(levels + 2) if on_numpy else torch.arange(levels + 2, device=like.device)
+        span = torch.arange(levels + 2, device=device)
         level = span[:levels]
-        rows = np.arange(chains) if on_numpy else torch.arange(chains, device=like.device)
-        found = (level, (2 << level) - 1, span, rows)
+        found = (level, (2 << level) - 1, span, torch.arange(chains, device=device))
         _CONSTANTS[key] = found
     return found
