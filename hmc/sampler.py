@@ -29,7 +29,6 @@ from hmc.arrays import as_arrays, as_tensors, engine_for
 from hmc.kernels.base import Kernel, Params
 from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
-from hmc.memo import MemoCache
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential, _distribution_validation_off
 from hmc.random import Stream, chain_keys, uniform
@@ -63,7 +62,6 @@ def sample(
     seed: int | None = None,
     dtype: torch.dtype = torch.float64,
     device: str | torch.device | None = None,
-    cache: MemoCache | bool | None = None,
     save_warmup: bool = False,
     progress: bool | None = None,
     batched: bool = False,
@@ -100,8 +98,6 @@ def sample(
         settings give bit-identical output on the CPU. Random when not given (and then
         stored in the output's attrs).
     dtype, device : where the chains live (float64 on the CPU by default).
-    cache : MemoCache or True, optional
-        A position-keyed memo cache for the energy module (a pure optimisation).
     save_warmup : bool
         Also return the ``warmup_posterior`` and ``warmup_sample_stats`` groups.
     progress : bool, optional
@@ -152,7 +148,7 @@ def sample(
     device = torch.device(device) if device is not None else torch.device("cpu")
     engine = engine_for(device, engine)
     target = _as_target(log_prob, dim, batched)
-    potential = Potential(target.log_prob, batched=target.batched, cache=cache)
+    potential = Potential(target.log_prob, batched=target.batched)
     keys = chain_keys(seed, torch.arange(chains, device=device))
 
     started = time.perf_counter()
@@ -213,9 +209,6 @@ def sample(
         "device": str(device),
         "engine": engine,
     }
-    if potential.cache is not None:
-        attrs["cache_hits"] = potential.cache.hits
-        attrs["cache_misses"] = potential.cache.misses
     dims, coords = target.dims_and_coords()
     warmup_groups = {}
     if save_warmup:

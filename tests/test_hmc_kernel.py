@@ -7,9 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import assert_moments
+from conftest import assert_moments, in_engine
 
 import hmc
+from hmc.arrays import as_arrays
+from hmc.kernels.base import Params
 from hmc.kernels.hmc import HMCState
 from hmc.metric import metric_from_inverse
 from hmc.random import Stream, chain_keys, normal, uniform
@@ -188,7 +190,7 @@ def test_proposal_into_zero_density_is_a_divergent_rejection():
 def test_advance_runs_each_chain_its_number_of_transitions():
     potential = hmc.Potential(elementwise, batched=True)
     state = initial(potential, Q0)
-    kernel = hmc.HMC(num_steps=3, bookkeeping="tensor")
+    kernel = hmc.HMC(num_steps=3)
     p = params([0.5] * 4, torch.ones(4, 3, dtype=DTYPE))
     keys = chain_keys(0, torch.arange(4))
     ks = kernel.init(state, 2)
@@ -217,7 +219,7 @@ def test_advance_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
     boundary its chain stays bit-identical to transition() with counters 0, 1, 2, ..."""
     potential = hmc.Potential(elementwise, batched=True)
     state = initial(potential, Q0)
-    kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0, bookkeeping="tensor")
+    kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0)
     p = params([0.4] * 4, torch.ones(4, 3, dtype=DTYPE))
     keys = chain_keys(2, torch.arange(4))
     ks = kernel.init(state)
@@ -232,12 +234,13 @@ def test_advance_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
     assert ks.block is not None and ks.block.noise.shape[1] == 64
 
 
-# ---------------------------------------------------------------------- host bookkeeping
+# ---------------------------------------------------------------------- engines
 @pytest.mark.parametrize("num_steps", [None, 4])
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("chains", [1, 4])
-def test_host_bookkeeping_runs_the_tensor_transitions(num_steps, dense, chains):
-    """The NumPy transitions are the tensor ones from the same random numbers: over 70
+def test_both_engines_run_the_same_transitions(num_steps, dense, chains):
+    """The NumPy engine's transitions are the torch engine's from the same random numbers
+    (one transition function runs on both kinds of arrays): over 70
     transitions (a block boundary included) the chains agree to rounding, with the same
     numbers of steps, acceptances and gradient evaluations. An unbatched density, so
     that one chain takes the energy module's one-row shortcut."""
@@ -249,18 +252,21 @@ def test_host_bookkeeping_runs_the_tensor_transitions(num_steps, dense, chains):
     keys = chain_keys(4, torch.arange(chains))
     sampling = torch.ones(chains, dtype=torch.bool)
     runs = {}
-    for bookkeeping in ("tensor", "host"):
+    for engine in ("torch", "numpy"):
         potential = hmc.Potential(elementwise)
-        kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0, bookkeeping=bookkeeping)
-        ks = kernel.init(initial(potential, Q0[:chains]), 70)
-        assert ks.on_host == (bookkeeping == "host")
+        kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0)
+        ks = kernel.init(in_engine(initial(potential, Q0[:chains]), engine), 70)
+        assert ks.on_host == (engine == "numpy")
+        engine_params = Params(in_engine(p.step_size, engine), p.metric)
         reports = []
         for _ in range(70):
-            ks, done = kernel.advance(ks, p, potential, keys, sampling)
+            ks, done = kernel.advance(
+                ks, engine_params, potential, keys, in_engine(sampling, engine)
+            )
             assert done.all()
             reports.append(kernel.report(ks))
-        runs[bookkeeping] = (reports, potential.evaluations)
-    (tensor, tensor_count), (host, host_count) = runs["tensor"], runs["host"]
+        runs[engine] = (reports, potential.evaluations)
+    (tensor, tensor_count), (host, host_count) = runs["torch"], runs["numpy"]
     assert host_count == tensor_count
     for (state_t, info_t), (state_h, info_h) in zip(tensor, host, strict=True):
         for a, b in zip(state_h, state_t, strict=True):  # the host reports NumPy arrays
@@ -273,21 +279,25 @@ def test_host_bookkeeping_runs_the_tensor_transitions(num_steps, dense, chains):
     assert (rates < 1).mean() > 0.3 and (rates > 0.5).mean() > 0.3
 
 
-def test_host_bookkeeping_rejects_a_divergence_without_nan():
-    """A proposal into zero density (a log density of NaN beyond a wall) on the host."""
+def test_numpy_engine_rejects_a_divergence_without_nan():
+    """A proposal into zero density (a log density of NaN beyond a wall), NumPy engine."""
 
     def wall(q):
         return torch.where(q[0] < 0.5, -0.5 * (q**2).sum(), torch.nan)
 
     potential = hmc.Potential(wall)
     q = torch.tensor([[0.4, 0.0]], dtype=DTYPE)
-    kernel = hmc.HMC(num_steps=3, bookkeeping="host")
-    ks = kernel.init(initial(potential, q))
-    keys, sampling = chain_keys(0, torch.arange(1)), torch.ones(1, dtype=torch.bool)
+    kernel = hmc.HMC(num_steps=3)
+    ks = kernel.init(as_arrays(initial(potential, q)))
+    keys, sampling = chain_keys(0, torch.arange(1)), np.ones(1, dtype=bool)
     diverged = 0
     for _ in range(40):
         ks, _ = kernel.advance(
-            ks, params([0.5], torch.ones(1, 2, dtype=DTYPE)), potential, keys, sampling
+            ks,
+            Params(np.array([0.5]), metric_from_inverse(torch.ones(1, 2, dtype=DTYPE))),
+            potential,
+            keys,
+            sampling,
         )
         state, info = kernel.report(ks)
         assert np.isfinite(state.potential).all() and not np.isnan(info.energy).any()
@@ -295,17 +305,6 @@ def test_host_bookkeeping_rejects_a_divergence_without_nan():
             diverged += 1
             assert info.acceptance_rate[0] == 0 and info.energy_error[0] == 0
     assert diverged > 0
-
-
-def test_auto_bookkeeping_runs_cpu_chains_on_the_host():
-    potential = hmc.Potential(elementwise, batched=True)
-    state = initial(potential, Q0)
-    assert hmc.HMC().init(state).on_host
-    assert not hmc.HMC(bookkeeping="tensor").init(state).on_host
-    meta = hmc.State(*(x.to("meta") for x in state))
-    assert not hmc.HMC().init(meta).on_host
-    with pytest.raises(ValueError, match="needs CPU tensors"):
-        hmc.HMC(bookkeeping="host").init(meta)
 
 
 def test_static_hmc_with_hand_set_parameters_is_exact():
@@ -352,7 +351,6 @@ def test_static_hmc_with_hand_set_parameters_is_exact():
         ({"trajectory_length": 0.0}, "trajectory_length"),
         ({"max_steps": 0}, "max_steps"),
         ({"max_energy_error": -1.0}, "max_energy_error"),
-        ({"bookkeeping": "gpu"}, "bookkeeping must be one of"),
     ],
 )
 def test_settings_are_validated(kwargs, match):

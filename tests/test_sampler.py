@@ -80,17 +80,6 @@ def test_random_length_counts_match_the_reported_steps():
     assert dt.attrs["n_gradient_evaluations"] == 4 + n_steps.sum()
 
 
-def test_cache_on_and_off_give_bit_identical_draws():
-    runs = [small_run(cache=cache, seed=8) for cache in (None, hmc.MemoCache(), True)]
-    for other in runs[1:]:
-        for group in ("posterior", "sample_stats", "adaptation"):
-            for name, var in runs[0][group].dataset.data_vars.items():
-                assert np.array_equal(var.values, other[group][name].values), (group, name)
-    assert runs[1].attrs["cache_hits"] >= 0 and runs[1].attrs["cache_misses"] > 0
-    assert "cache_hits" not in runs[0].attrs
-
-
-# ---------------------------------------------------------------------- output layout
 def test_output_groups_names_and_dims():
     dt = small_run()
     assert {"posterior", "sample_stats", "adaptation"} <= set(dt.children)
@@ -256,8 +245,9 @@ def test_lockstep_loop_equals_the_general_loop(num_steps):
     gives the same DataTree, bit for bit (warmup, its groups and the adaptation included),
     also with more transitions than one block of random numbers (64)."""
     options = dict(seed=8, save_warmup=True, warmup=70, draws=30)
-    fast = small_run(kernel=hmc.HMC(num_steps=num_steps, bookkeeping="tensor"), **options)
-    general = small_run(kernel=_NotLockstep(num_steps=num_steps, bookkeeping="tensor"), **options)
+    options["engine"] = "torch"
+    fast = small_run(kernel=hmc.HMC(num_steps=num_steps), **options)
+    general = small_run(kernel=_NotLockstep(num_steps=num_steps), **options)
     for name in ("sampling_time", "warmup_time", "total_time", "kernel", "kernel_settings"):
         fast.attrs.pop(name), general.attrs.pop(name)
     assert fast.attrs == general.attrs
@@ -265,17 +255,16 @@ def test_lockstep_loop_equals_the_general_loop(num_steps):
 
 
 @pytest.mark.parametrize("num_steps", [None, 3])
-def test_static_hmc_host_and_tensor_bookkeeping_give_the_same_run(num_steps):
-    """With the host bookkeeping the lockstep loop keeps step sizes and the adaptation in
-    NumPy: a short warmup, recorded, gives the tensor loop's run to rounding (NumPy's
-    kicks round without fused multiply-adds; energy errors of 1e8 in the first warmup
-    iterations differ in the 13th digit), with the same numbers of steps, the same
-    divergences and the same gradient count; both record every statistic in the same
-    dtype."""
+def test_static_hmc_gives_the_same_run_on_both_engines(num_steps):
+    """With the NumPy engine the lockstep loop keeps step sizes and the adaptation in
+    NumPy: a short warmup, recorded, gives the torch engine's run to rounding (energy
+    errors of 1e8 in the first warmup iterations differ in the 13th digit), with the same
+    numbers of steps, the same divergences and the same gradient count; both record every
+    statistic in the same dtype."""
     options = dict(warmup=15, draws=30, save_warmup=True, seed=6)
     runs = [
-        small_run(kernel=hmc.HMC(num_steps=num_steps, bookkeeping=b), **options)
-        for b in ("host", "tensor")
+        small_run(kernel=hmc.HMC(num_steps=num_steps), engine=engine, **options)
+        for engine in ("numpy", "torch")
     ]
     host, tensor = (all_arrays(dt) for dt in runs)
     assert host.keys() == tensor.keys()
@@ -293,11 +282,11 @@ def test_static_hmc_host_and_tensor_bookkeeping_give_the_same_run(num_steps):
 def test_recorder_writes_the_same_through_views_and_tensor_indexing():
     """On the CPU the recorder writes through NumPy views of its buffers; on other
     devices it indexes the tensors. Both record the same values in the same slots."""
+    from hmc.arrays import as_arrays, as_tensors
     from hmc.kernels.base import Params
     from hmc.metric import metric_from_inverse
     from hmc.random import chain_keys
     from hmc.sampler import _Recorder
-    from hmc.state import as_tensors
 
     potential = hmc.Potential(ELEMENTWISE)
     q = torch.tensor([[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]], dtype=torch.float64)
@@ -309,13 +298,14 @@ def test_recorder_writes_the_same_through_views_and_tensor_indexing():
     )
     views, indexing = (_Recorder(2, 2, 3, 3, False, kernel, state) for _ in range(2))
     indexing.views = None
-    ks = kernel.init(state)
-    keys, sampling = chain_keys(0, torch.arange(2)), torch.ones(2, dtype=torch.bool)
+    ks = kernel.init(as_arrays(state))
+    keys, sampling = chain_keys(0, torch.arange(2)), np.ones(2, dtype=bool)
+    host_params = Params(params.step_size.numpy(), params.metric)
     for t in range(5):
-        ks, _ = kernel.advance(ks, params, potential, keys, sampling)
-        new_state, info = kernel.report(ks)  # NumPy arrays from the host bookkeeping
+        ks, _ = kernel.advance(ks, host_params, potential, keys, sampling)
+        new_state, info = kernel.report(ks)  # NumPy arrays from the NumPy engine
         views.write_slot(t, new_state, info, params.step_size)
-        # tensor indexing serves the tensor bookkeeping, which reports tensors
+        # tensor indexing serves the torch engine, which reports tensors
         indexing.write_slot(t, as_tensors(new_state), as_tensors(info), params.step_size)
     assert torch.equal(views.positions, indexing.positions)
     assert views.buffers.keys() == indexing.buffers.keys() == STAT_NAMES
@@ -374,16 +364,8 @@ def test_zero_density_on_half_the_space():
     assert (np.abs(z) < z_bound(2)).all(), z
 
 
-@pytest.mark.parametrize(
-    "kernel",
-    [
-        hmc.HMC(num_steps=4),  # the lockstep loop, host bookkeeping
-        hmc.HMC(num_steps=4, bookkeeping="tensor"),
-        hmc.NUTS(),  # the asynchronous loop, host bookkeeping at a few chains
-        hmc.NUTS(bookkeeping="tensor"),
-    ],
-)
-def test_progress_bar_counts_the_draws_and_their_divergences(kernel, capsys):
+@pytest.mark.parametrize("kernel", [hmc.HMC(num_steps=4), hmc.NUTS()])  # lockstep, asynchronous
+def test_progress_bar_counts_the_draws_and_their_divergences(kernel, engine, capsys):
     """The bar ends at every chain's every iteration and shows the divergent draws kept
     (the wall of the half-space density makes some)."""
 
@@ -392,7 +374,7 @@ def test_progress_bar_counts_the_draws_and_their_divergences(kernel, capsys):
 
     dt = hmc.sample(
         log_prob, dim=2, chains=3, warmup=20, draws=30, kernel=kernel, seed=2, batched=True,
-        progress=True,
+        progress=True, engine=engine,
     )  # fmt: skip
     bar = capsys.readouterr().err.split("\r")[-1]
     divergent = int(dt["sample_stats"]["diverging"].values.sum())
