@@ -260,14 +260,14 @@ def test_warmup_reaches_the_target_acceptance(standard_normal):
     assert finals[0.9].max() < finals[0.6].min(), finals
 
 
-def test_host_loop_adaptation_matches_the_tensor_one(standard_normal):
-    """The driver's host loop adapts in NumPy (and on tensors sharing that memory at a
+def test_numpy_engine_adaptation_matches_the_torch_one(standard_normal):
+    """The driver's NumPy-engine loop adapts in NumPy (and on tensors sharing that memory at a
     window end): over a whole warmup schedule, with chains finishing on their own
     iterations, it gives the tensor loop's step sizes, metric and estimates to rounding."""
     from collections import namedtuple
 
+    from hmc.arrays import as_arrays
     from hmc.sampler import _Loop
-    from hmc.state import as_arrays
 
     chains, dim, warmup = 3, 2, 150  # one slow window, (75, 99)
     potential = hmc.Potential(standard_normal, batched=True)
@@ -276,7 +276,7 @@ def test_host_loop_adaptation_matches_the_tensor_one(standard_normal):
     loop = _Loop(
         kernel=None, potential=potential, keys=keys, warmup=warmup, draws=1,
         schedule=schedule, host_schedule=as_arrays(schedule), target_accept=0.8,
-        adapt_metric=True, progress=False,
+        adapt_metric=True, progress=False, engine="numpy",
     )  # fmt: skip
     Info = namedtuple("Info", "acceptance_rate")
     q = torch.full((chains, dim), 0.3, dtype=DTYPE)

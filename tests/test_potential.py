@@ -209,7 +209,7 @@ def test_distributions_with_validation_do_not_raise_inside():
     assert torch.distributions.Distribution._validate_args is True
     for setting in (True, False):
         torch.distributions.Distribution.set_default_validate_args(setting)
-        hmc.Potential(log_prob).value_and_grad_numpy(q[1:2].numpy().copy())
+        hmc.Potential(log_prob).value_and_grad(q[1:2].numpy().copy())
         hmc.sample(log_prob, q[0], chains=1, warmup=0, step_size=0.1, draws=2, progress=False)
         assert torch.distributions.Distribution._validate_args is setting
 
@@ -218,14 +218,14 @@ def test_distributions_with_validation_do_not_raise_inside():
 @pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_numpy_entry_point_gives_the_tensor_results(batched, dtype):
-    """value_and_grad_numpy is value_and_grad on NumPy arrays: the same bits on one row
+    """value_and_grad on NumPy arrays gives its results on tensors: the same bits on one row
     (its own shortcut) and on a batch, in the input's dtype, counted the same."""
     potential = hmc.Potential(smooth, batched=batched)
     q = Q.to(dtype)
     for rows in (q[:1], q):
         U, grad = potential.value_and_grad(rows)
         before = potential.evaluations
-        U_np, grad_np = potential.value_and_grad_numpy(rows.numpy().copy())
+        U_np, grad_np = potential.value_and_grad(rows.numpy().copy())
         assert isinstance(U_np, np.ndarray) and isinstance(grad_np, np.ndarray)
         assert U_np.shape == U.shape and grad_np.shape == grad.shape
         assert U_np.dtype == grad_np.dtype == rows.numpy().dtype
@@ -246,14 +246,14 @@ def test_numpy_entry_point_keeps_the_non_finite_contract():
     for row in ([2.0, 0.0], [0.0, -1.0], [11.0, 0.0]):  # NaN value, infinite gradient, raise
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            U, grad = potential.value_and_grad_numpy(np.array([row]))
+            U, grad = potential.value_and_grad(np.array([row]))
         assert U.tolist() == [math.inf] and grad.tolist() == [[0.0, 0.0]], row
         assert (row[0] > 10) == any("raised" in str(w.message) for w in caught)
-    U, grad = potential.value_and_grad_numpy(np.array([[0.5, 0.0]]))
+    U, grad = potential.value_and_grad(np.array([[0.5, 0.0]]))
     assert U.tolist() == [0.125 + 1.0] and grad.tolist() == [[0.5, 0.5]]
     assert potential.evaluations == 4
     # a linear density: autograd returns a view of the cotangent, which is copied
-    U, grad = hmc.Potential(lambda q: q.sum()).value_and_grad_numpy(np.array([[1.0, 2.0, 3.0]]))
+    U, grad = hmc.Potential(lambda q: q.sum()).value_and_grad(np.array([[1.0, 2.0, 3.0]]))
     assert U.tolist() == [-6.0] and grad.tolist() == [[-1.0, -1.0, -1.0]]
 
     # a batched density: its non-finite rows, and a batch that raises (then row by row)
@@ -264,18 +264,18 @@ def test_numpy_entry_point_keeps_the_non_finite_contract():
         return value - torch.sqrt(q[:, 1] + 1)
 
     potential = hmc.Potential(batched, batched=True)
-    U, grad = potential.value_and_grad_numpy(np.array([[2.0, 0.0], [0.0, -1.0], [0.5, 0.0]]))
+    U, grad = potential.value_and_grad(np.array([[2.0, 0.0], [0.0, -1.0], [0.5, 0.0]]))
     assert U.tolist() == [math.inf, math.inf, 1.125]
     assert grad.tolist() == [[0.0, 0.0], [0.0, 0.0], [0.5, 0.5]]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        U, grad = potential.value_and_grad_numpy(np.array([[11.0, 0.0], [0.5, 0.0]]))
+        U, grad = potential.value_and_grad(np.array([[11.0, 0.0], [0.5, 0.0]]))
     assert U.tolist() == [math.inf, 1.125] and grad.tolist() == [[0.0, 0.0], [0.5, 0.5]]
     assert any("raised" in str(w.message) for w in caught)
     assert potential.evaluations == 5
     cached = hmc.Potential(smooth, cache=True)  # a cached density goes through the cache
-    cached.value_and_grad_numpy(Q.numpy().copy())
-    cached.value_and_grad_numpy(Q.numpy().copy())
+    cached.value_and_grad(Q.numpy().copy())
+    cached.value_and_grad(Q.numpy().copy())
     assert cached.evaluations == 4 and cached.cache.hits == 4
 
 
@@ -297,13 +297,13 @@ def test_gradients_own_their_memory(log_prob, batched, dim):
         q = torch.arange(rows * dim, dtype=DTYPE).reshape(rows, dim)
         for _ in range(2):
             _, grad = potential.value_and_grad(q)
-            _, grad_np = potential.value_and_grad_numpy(q.numpy().copy())
+            _, grad_np = potential.value_and_grad(q.numpy().copy())
             assert grad.tolist() == grad_np.tolist() == [[-1.0] * dim] * rows
             grad[0] = 7.0  # what a ragged integrator does to the rows that moved
             grad_np[-1] = 7.0
     inf = q.clone()
     inf[1, 0] = torch.inf  # a non-finite row is zeroed in a copy too
-    U, grad_np = potential.value_and_grad_numpy(inf.numpy())
+    U, grad_np = potential.value_and_grad(inf.numpy())
     assert U[1] == math.inf and grad_np.tolist() == [[-1.0] * dim, [0.0] * dim, [-1.0] * dim]
     _, grad = potential.value_and_grad(q)
     assert grad.tolist() == [[-1.0] * dim] * 3

@@ -395,3 +395,19 @@ def test_log_prob_that_raises_mid_run_is_a_rejection():
         )  # fmt: skip
     x = dt["posterior"]["x"].values
     assert (x[..., 0] <= 1.5).all() and np.isfinite(x).all()
+
+
+def test_a_chains_draws_do_not_depend_on_how_many_chains_run(engine):
+    """Chain c's random numbers come from (seed, c) alone, so with a given step size and
+    no warmup its static HMC draws with 1 chain and with 8 agree to rounding (the last
+    bits of batched arithmetic may depend on the batch size and the CPU's vector width,
+    so equality is not asserted)."""
+    options = dict(kernel=hmc.HMC(), warmup=0, step_size=0.3, draws=200, seed=12, engine=engine)
+    one, eight = (small_run(chains=chains, **options) for chains in (1, 8))
+    np.testing.assert_allclose(
+        one["posterior"]["x"].values[0], eight["posterior"]["x"].values[0], rtol=0, atol=1e-12
+    )
+    assert np.array_equal(
+        one["sample_stats"]["n_steps"].values[0], eight["sample_stats"]["n_steps"].values[0]
+    )
+    assert not np.allclose(eight["posterior"]["x"].values[0], eight["posterior"]["x"].values[1])
