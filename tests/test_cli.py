@@ -176,6 +176,7 @@ def test_unknown_model():
 REFERENCE = {"mu": (4.4105, 3.3091), "tau": (3.6021, 3.1983), "theta[1]": (6.1505, 5.6156)}
 
 
+@pytest.mark.slow
 def test_demo_model_matches_the_posteriordb_reference():
     model = get_model()
     dt = hmc.sample(

@@ -5,7 +5,7 @@ each one top to bottom in small mode (``HMC_SMALL=1``, see ``docs/conf.py``) and
 in any cell fails the build (``nb_execution_raise_on_error``). There is no separate test
 that runs them as scripts, so each CI run executes every notebook once.
 
-Skipped when the documentation tools (the ``test``
+In the slow tier (``pytest -m slow``). Skipped when the documentation tools (the ``test``
 extra, or ``requirements-docs.txt``) are not installed.
 """
 
@@ -26,6 +26,8 @@ import hmc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))
+
+pytestmark = pytest.mark.slow
 
 
 def failure_report(output: str) -> str:

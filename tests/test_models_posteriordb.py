@@ -222,6 +222,7 @@ FAST = {  # posterior: (warmup, draws) with 4 chains; between them every kind of
 FAST_CHECKS = sum(2 * len(hmc.models.reference(name)["parameter_names"]) for name in FAST)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FAST))
 def test_fast_posteriordb_subset_matches_the_reference(name):
     """Means and sds against the reference: z-scores with the run's MCSE (from its own
