@@ -52,7 +52,7 @@ def test_least_recently_used_row_is_evicted():
     a, b, c = rows([1.0]), rows([2.0]), rows([3.0])
     cache.store(cache.keys_for(a), *entry(1.0, 1))
     cache.store(cache.keys_for(b), *entry(2.0, 1))
-    assert cache.lookup(cache.keys_for(a))[0] is not None  # a is now the most recent
+    assert cache.lookup(cache.keys_for(a))[0][0] == 1.0  # a is now the most recent
     cache.store(cache.keys_for(c), *entry(3.0, 1))  # evicts b
     assert len(cache) == 2
     assert cache.lookup(cache.keys_for(b)) == [None]
@@ -88,7 +88,7 @@ def test_dtype_and_shape_are_part_of_the_key():
     assert cache.lookup(cache.keys_for(torch.zeros(1, 4, dtype=torch.float32))) == [None]
     # same values, other dtype
     assert cache.lookup(cache.keys_for(torch.zeros(1, 2, dtype=torch.float32))) == [None]
-    assert cache.lookup(cache.keys_for(zeros64.clone()))[0] is not None
+    assert cache.lookup(cache.keys_for(zeros64.clone()))[0][0] == 1.0
 
 
 def test_potential_with_cache_float32_and_float64_do_not_mix():

@@ -133,6 +133,7 @@ def test_parameter_dependent_supports_follow_the_distribution():
     assert ((u[:, 0] > 0) & (u[:, 0] < 1) & (u[:, 1] > 2) & (u[:, 1] < 5)).all()
 
 
+@pytest.mark.slow
 def test_prior_only_model_samples_the_prior():
     """Sampling priors on five different supports through their bijections gives the
     priors' known means and variances: the Jacobians are right end to end."""

@@ -100,9 +100,15 @@ def test_correlated_gaussian_needs_and_gets_a_dense_metric():
     inverse = dt["adaptation"]["inverse_metric"].values  # (chain, D, D)
     assert inverse.shape == (4, 5, 5)
     # the adapted inverse metric approximates the covariance: in the covariance's own
-    # coordinates it is close to the identity (eigenvalues within a factor of 2)
+    # coordinates it is close to the identity. Each chain's is the regularised covariance
+    # of its 200 draws in the last window (about 160 effective), whose smallest of five
+    # eigenvalues comes out at 0.46-0.62 over seeds 20-39: within a factor of 3 for every
+    # chain, of 2 for their average (0.70-1.29 over those seeds). A metric that ignored
+    # the correlations (diagonal) would give 0.22 and 10.
     whiten = np.linalg.inv(np.linalg.cholesky(cov))
     for c in range(4):
         eig = np.linalg.eigvalsh(whiten @ inverse[c] @ whiten.T)
-        assert ((eig > 0.5) & (eig < 2.0)).all(), eig
+        assert ((eig > 1 / 3) & (eig < 3.0)).all(), (c, eig)
+    eig = np.linalg.eigvalsh(whiten @ inverse.mean(axis=0) @ whiten.T)
+    assert ((eig > 0.5) & (eig < 2.0)).all(), eig
     assert not dt["sample_stats"]["diverging"].values.any()
