@@ -19,7 +19,7 @@ with consecutive seeds (the Stan side needs ``pystan``, from
         --fits 10 --seed 1 --json stan-1.json
     python benchmarks/chains_vs_stan.py compare --stan stan-*.json --hmc hmc-*.json
 
-Results of earlier runs are in ``benchmarks/chains-vs-stan/`` and ``RESULTS.md``.
+The per-chain data behind ``RESULTS.md``'s table are in ``benchmarks/chains-vs-stan/``.
 """
 
 from __future__ import annotations
