@@ -10,7 +10,7 @@ Two steps, because Stan lives in the anchors venv (``requirements-anchors.txt``)
 in the package's::
 
     python -m benchmarks.arma11_stan starts --seed 1 > /tmp/starts.json
-    /work/venv-anchors/bin/python benchmarks/arma11_stan.py stan /tmp/starts.json \\
+    .venv-anchors/bin/python benchmarks/arma11_stan.py stan /tmp/starts.json \\
         --out benchmarks/arma11-stan.json
 
 ``starts`` prints hmc's chain starts (uniform(-2, 2) on the unconstrained scale, the

@@ -15,11 +15,11 @@ with consecutive seeds (the Stan side needs ``pystan``, from
 
     python benchmarks/chains_vs_stan.py hmc --target funnel10 --chains 40 --seed 1 \\
         --json hmc-1.json
-    /work/venv-anchors/bin/python benchmarks/chains_vs_stan.py stan --target funnel10 \\
+    .venv-anchors/bin/python benchmarks/chains_vs_stan.py stan --target funnel10 \\
         --fits 10 --seed 1 --json stan-1.json
     python benchmarks/chains_vs_stan.py compare --stan stan-*.json --hmc hmc-*.json
 
-Results of earlier runs are in ``benchmarks/chains-vs-stan/`` and ``RESULTS.md``.
+The per-chain data behind ``RESULTS.md``'s table are in ``benchmarks/chains-vs-stan/``.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
 
 TARGETS = ("gauss2d", "diag100", "funnel10", "eight_schools", "logistic")
 SAMPLERS = ("hmc", "stan", "numpyro", "blackjax", "pyro")
-ANCHORS_PYTHON = "/work/venv-anchors/bin/python"
+ANCHORS_PYTHON = ".venv-anchors/bin/python"  # relative to the repository root
 DATA_SEED = 20261202
 
 EIGHT_Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
@@ -662,7 +662,11 @@ def main() -> None:
         default="16:250",
         help="extra hmc runs, CHAINS:DRAWS[,CHAINS:DRAWS] (1000 warmup)",
     )
-    parser.add_argument("--anchors-python", default=ANCHORS_PYTHON)
+    parser.add_argument(
+        "--anchors-python",
+        default=os.environ.get("ANCHORS_PYTHON", ANCHORS_PYTHON),
+        help=f"the anchors' interpreter (default: $ANCHORS_PYTHON, else {ANCHORS_PYTHON})",
+    )
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", default=None)
     parser.add_argument("--json", default=None, help="also dump raw numbers here (per row)")

@@ -204,9 +204,8 @@ def markdown(records: dict[str, dict[str, Any]]) -> str:
         "95 % quantiles (information only). ESS: smallest bulk / tail ESS. R-hat: largest "
         "rank-normalised split R-hat.",
         f"- Pass: every mean |z| below the bound and every sd within {SD_TOLERANCE:.0%}.",
-        "- finished: when the run ended (UTC). Runs finished before 2026-12-04 05:00 kept "
-        "NUTS's trees in batched tensors; later ones (4 chains on the CPU) keep them on the "
-        "host: the same transition, see `hmc.NUTS`'s `bookkeeping`.",
+        "- finished: when the run ended (UTC). Each row ran with the package of the commit "
+        "that added its line to `posteriordb-results.jsonl`.",
         "",
         "| posterior | dim | max \\|z\\| (bound) | sd err | q \\|z\\| | min ESS bulk / tail "
         "| max R-hat | divergences | grad evals | wall / CPU s | finished | pass | note |",
