@@ -15,7 +15,7 @@ from conftest import assert_moments
 from torch.distributions import constraints
 
 import hmc
-from hmc.model import Model, Param, UndeclaredParameterError, ordered_vector
+from hmc.parameters import Model, Param, UndeclaredParameterError, ordered_vector
 
 CPU = torch.device("cpu")
 F64 = torch.float64
