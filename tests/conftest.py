@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import torch
 
+from hmc._torch_compat import validation_enabled
+
 torch.set_num_threads(1)
 
 __all__ = [
@@ -188,7 +190,7 @@ def _seed_the_global_generator():
 @pytest.fixture(autouse=True)
 def _restore_distribution_validation():
     """Tests must not leak a changed ``torch.distributions`` validation default."""
-    before = torch.distributions.Distribution._validate_args
+    before = validation_enabled()
     yield
     torch.distributions.Distribution.set_default_validate_args(before)
 
