@@ -3,16 +3,16 @@
 torch offers no public way to do a few things the package needs: read the default of
 ``torch.distributions`` argument validation, turn it off on one distribution, tell a
 tensor that is a view from one that owns its storage, recognise a few constraints by
-their class, and drop a transform's cached inverse when copying it. Each is done here,
-with what it relies on; the rest of the package imports these names and touches no
-private torch attribute itself.
+their class, and tell a transform's cached inverse from its other attributes. Each is
+done here, with what it relies on; the rest of the package imports these names and
+touches no private torch attribute itself.
 
 On a torch upgrade, check each item below against the new torch source
 (``torch/distributions/distribution.py``, ``constraints.py`` and ``transforms.py``, and
 ``Tensor._base``), then run ``tests/test_potential.py``, ``tests/test_model.py`` and
-``tests/test_transforms.py``, which exercise all of them. A renamed class or attribute
-fails loudly (an ``AttributeError`` on import or on first use); a changed meaning would
-not, hence the list.
+``tests/test_transforms.py``, which exercise all of them. A renamed class fails loudly (an
+``AttributeError`` on import); a renamed attribute or a changed meaning may not, hence
+the list.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from torch.distributions import Distribution, constraints
 from torch.distributions.constraints import Constraint
 
 __all__ = [
-    "TRANSFORM_INVERSE_CACHE",
     "copy_if_view",
     "distribution_validation_off",
+    "is_cached_inverse",
     "is_lower_cholesky",
     "is_positive_definite",
     "is_real",
@@ -158,11 +158,22 @@ def is_positive_definite(constraint: Constraint) -> bool:
 
 
 # ============================================================ transforms
-#: The instance attribute in which a ``torch.distributions.Transform`` caches its inverse
-#: (a weak reference, made by the ``inv`` property on first use). ``hmc.parameters.cast_to``
-#: sets it to ``None`` on the copies it makes, so that a copy in another dtype or on another
-#: device makes its own inverse instead of sharing the original's.
-#:
-#: On a torch upgrade: check the name of this attribute in ``Transform.__init__`` and
-#: ``Transform.inv`` (``torch/distributions/transforms.py``).
-TRANSFORM_INVERSE_CACHE = "_inv"
+_InverseTransform = torch.distributions.transforms._InverseTransform
+
+
+def is_cached_inverse(obj: object, key: str) -> bool:
+    """Whether the attribute ``key`` of ``obj`` (a distribution, transform or constraint)
+    is a transform's cache of its own inverse, which a copy must not share:
+    ``hmc.parameters.cast_to`` sets it to ``None`` on the copies it makes, so that a copy
+    in another dtype or on another device makes its own inverse.
+
+    Relies on two private details of ``torch/distributions/transforms.py``: a
+    ``Transform`` keeps the inverse that its ``inv`` property makes on first use in the
+    instance attribute ``_inv``; and ``_InverseTransform`` (what ``t.inv`` is) keeps in
+    that same attribute the transform it inverts, which is no cache: without it the
+    inverse cannot be evaluated, so on those it is copied like any other attribute.
+
+    On a torch upgrade: check the name of the attribute in ``Transform.__init__`` and
+    ``Transform.inv``, and that ``_InverseTransform`` still stores its transform there.
+    """
+    return key == "_inv" and not isinstance(obj, _InverseTransform)

@@ -49,8 +49,8 @@ from torch.distributions import Distribution, Transform, biject_to, constraints
 from torch.distributions.constraints import Constraint
 
 from hmc._torch_compat import (
-    TRANSFORM_INVERSE_CACHE,
     distribution_validation_off,
+    is_cached_inverse,
     is_lower_cholesky,
     is_positive_definite,
     is_real,
@@ -319,7 +319,7 @@ def _cast(obj: Any, dtype: torch.dtype, device: Any, memo: dict[int, Any]) -> An
         memo[id(obj)] = new
         for key, value in vars(obj).items():
             vars(new)[key] = (
-                None if key == TRANSFORM_INVERSE_CACHE else _cast(value, dtype, device, memo)
+                None if is_cached_inverse(obj, key) else _cast(value, dtype, device, memo)
             )
         if isinstance(new, Distribution):
             turn_off_validation(new)

@@ -126,6 +126,19 @@ def test_distribution_param_shapes_and_supports():
     assert 0 < values["r"] < 1
 
 
+def test_priors_built_from_an_inverse_transform_are_recast():
+    """``t.inv`` keeps the transform it inverts where a transform caches its inverse; the
+    float64 copy of the prior must keep it too."""
+    prior = dist.TransformedDistribution(dist.Beta(2.0, 3.0), [dist.SigmoidTransform().inv])
+    model = Model(None, {"x": prior})
+    q = torch.tensor([0.3], dtype=F64)
+    lp = model.log_prob(q)
+    assert lp.dtype == F64
+    beta = dist.Beta(torch.tensor(2.0, dtype=F64), torch.tensor(3.0, dtype=F64))
+    expected = dist.TransformedDistribution(beta, [dist.SigmoidTransform().inv]).log_prob(q[0])
+    torch.testing.assert_close(lp, expected)
+
+
 def test_parameter_dependent_supports_follow_the_distribution():
     model = Model(None, {"u": dist.Uniform(torch.tensor([0.0, 2.0]), torch.tensor([1.0, 5.0]))})
     u = model.constrain(10 * torch.randn(100, 2, dtype=F64))["u"]
