@@ -13,7 +13,7 @@ from hmc.integrators import leapfrog
 from hmc.kernels import HMC, NUTS, Params
 from hmc.memo import MemoCache
 from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
-from hmc.model import Model, Param
+from hmc.parameters import Model, Param
 from hmc.potential import Potential
 from hmc.sampler import sample
 from hmc.state import State

@@ -30,35 +30,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from hmc._torch_compat import copy_if_view, distribution_validation_off, validation_enabled
 from hmc.memo import MemoCache
 
 __all__ = ["Potential"]
 
 LogProb = Callable[[torch.Tensor], torch.Tensor]
-
-
-_Distribution = torch.distributions.Distribution
-
-
-class _distribution_validation_off:  # used like a function: ``with ...():``
-    """Turn off ``torch.distributions`` argument checks for a block (they fail badly under
-    vmap), and back on after it.
-
-    Setting a class attribute invalidates the attribute caches of every subclass (about
-    ten microseconds for ``Distribution``'s), so when the checks are already off nothing
-    is set. The sampler turns them off once around a whole run, and the energy module
-    enters this guard only when it finds them on: inside a run an evaluation reads the
-    flag and nothing more.
-    """
-
-    def __enter__(self) -> None:
-        self.was_on = _Distribution._validate_args
-        if self.was_on:
-            _Distribution.set_default_validate_args(False)
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.was_on:
-            _Distribution.set_default_validate_args(True)
 
 
 class Potential:
@@ -151,8 +128,8 @@ class Potential:
         if self.cache is not None or not (self.batched or q.shape[0] == 1):
             U, grad = self.value_and_grad(torch.from_numpy(q))
             return U.numpy(), grad.numpy()
-        if _Distribution._validate_args:  # called outside a sampler run
-            with _distribution_validation_off():
+        if validation_enabled():  # called outside a sampler run
+            with distribution_validation_off():
                 return self._value_and_grad_arrays(q)
         try:
             x = torch.from_numpy(q if self.batched else q[0]).requires_grad_(True)
@@ -172,7 +149,7 @@ class Potential:
         else:  # one row: its value as a float, without a detached copy of the tensor
             total = -log_p.item()
             U = np.array([total], dtype=q.dtype)
-        g = _own(grad).numpy().reshape(q.shape)
+        g = copy_if_view(grad).numpy().reshape(q.shape)
         if not math.isfinite(total + np.add.reduce(g, None)):  # a NaN or an infinity
             finite = np.isfinite(U + g.sum(-1))
             U = np.where(finite, U, np.inf)
@@ -183,7 +160,7 @@ class Potential:
         """Run ``log_prob`` once on ``q`` ``(C, D)`` and raise a clear error if its output
         has the wrong type or shape, or no gradient path to the input."""
         x = q.detach().requires_grad_(True)
-        with _distribution_validation_off():
+        with distribution_validation_off():
             out = self.log_prob(x) if self.batched else self.log_prob(x[0])
         expected = f"({q.shape[0]},)" if self.batched else "a 0-d tensor (a scalar)"
         if not isinstance(out, torch.Tensor):
@@ -209,7 +186,7 @@ class Potential:
         """Why the energy at one position ``(D,)`` is not finite, in words."""
         x = q.detach().unsqueeze(0).requires_grad_(True)
         try:
-            with _distribution_validation_off():
+            with distribution_validation_off():
                 lp = self._log_prob_batch(x)
                 (g,) = torch.autograd.grad(lp.sum(), x, allow_unused=True)
         except (RuntimeError, ValueError, ArithmeticError) as error:
@@ -255,11 +232,11 @@ class Potential:
             x = q[0].detach().requires_grad_(True)
             log_p = self.log_prob(x)
             (grad,) = torch.autograd.grad(log_p, x, self._minus_ones(log_p))
-            return log_p.detach().neg().unsqueeze(0), _own(grad).unsqueeze(0)
+            return log_p.detach().neg().unsqueeze(0), copy_if_view(grad).unsqueeze(0)
         x = q.detach().requires_grad_(True)
         log_p = self._log_prob_batch(x)
         (grad,) = torch.autograd.grad(log_p, x, self._minus_ones(log_p))
-        return log_p.detach().neg(), _own(grad)
+        return log_p.detach().neg(), copy_if_view(grad)
 
     def _minus_ones(self, log_p: torch.Tensor) -> torch.Tensor:
         """The cotangent ``-1`` of the shape, dtype and device of ``log_p`` (``(C,)`` or
@@ -276,8 +253,8 @@ class Potential:
         return minus_ones
 
     def _evaluate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if _Distribution._validate_args:  # called outside a sampler run
-            with _distribution_validation_off():
+        if validation_enabled():  # called outside a sampler run
+            with distribution_validation_off():
                 return self._evaluate(q)
         try:
             U, grad = self._energy(q)
@@ -328,11 +305,6 @@ class Potential:
         U = torch.stack([entry[0] for entry in found])
         grad = torch.stack([entry[1] for entry in found])
         return U, grad
-
-
-def _own(grad: torch.Tensor) -> torch.Tensor:
-    """``grad``, copied if it is a view (of the cotangent: nothing may write into that)."""
-    return grad if grad._base is None else grad.clone()
 
 
 def _infinite(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from hmc._torch_compat import distribution_validation_off as _distribution_validation_off
 from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import warmup_init, warmup_update
 from hmc.arrays import as_arrays, as_tensors, engine_for
@@ -30,7 +31,7 @@ from hmc.kernels.base import Kernel, Params
 from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
 from hmc.metric import metric_from_inverse
-from hmc.potential import Potential, _distribution_validation_off
+from hmc.potential import Potential
 from hmc.random import Stream, chain_keys, uniform
 from hmc.state import State
 from hmc.target import FlatTarget, Target

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 
+from hmc._torch_compat import validation_enabled
 from hmc.arrays import as_arrays
 
 torch.set_num_threads(1)
@@ -205,7 +206,7 @@ def _seed_the_global_generator():
 @pytest.fixture(autouse=True)
 def _restore_distribution_validation():
     """Tests must not leak a changed ``torch.distributions`` validation default."""
-    before = torch.distributions.Distribution._validate_args
+    before = validation_enabled()
     yield
     torch.distributions.Distribution.set_default_validate_args(before)
 

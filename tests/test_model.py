@@ -15,7 +15,7 @@ from conftest import assert_moments
 from torch.distributions import constraints
 
 import hmc
-from hmc.model import Model, Param, UndeclaredParameterError, ordered_vector
+from hmc.parameters import Model, Param, UndeclaredParameterError, ordered_vector
 
 CPU = torch.device("cpu")
 F64 = torch.float64
@@ -124,6 +124,19 @@ def test_distribution_param_shapes_and_supports():
     values = model.constrain(torch.randn(model.dim, dtype=F64))
     torch.testing.assert_close(values["w"].sum(-1), torch.ones(2, dtype=F64))
     assert 0 < values["r"] < 1
+
+
+def test_priors_built_from_an_inverse_transform_are_recast():
+    """``t.inv`` keeps the transform it inverts where a transform caches its inverse; the
+    float64 copy of the prior must keep it too."""
+    prior = dist.TransformedDistribution(dist.Beta(2.0, 3.0), [dist.SigmoidTransform().inv])
+    model = Model(None, {"x": prior})
+    q = torch.tensor([0.3], dtype=F64)
+    lp = model.log_prob(q)
+    assert lp.dtype == F64
+    beta = dist.Beta(torch.tensor(2.0, dtype=F64), torch.tensor(3.0, dtype=F64))
+    expected = dist.TransformedDistribution(beta, [dist.SigmoidTransform().inv]).log_prob(q[0])
+    torch.testing.assert_close(lp, expected)
 
 
 def test_parameter_dependent_supports_follow_the_distribution():

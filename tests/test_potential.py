@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hmc
+from hmc._torch_compat import validation_enabled
 
 DTYPE = torch.float64
 Q = torch.tensor(
@@ -206,12 +207,12 @@ def test_distributions_with_validation_do_not_raise_inside():
     torch.testing.assert_close(U[[0, 2]], U_ref, rtol=1e-14, atol=1e-14)
     torch.testing.assert_close(grad[[0, 2]], g_ref, rtol=1e-14, atol=1e-14)
     # the user's setting is restored afterwards, whichever it was
-    assert torch.distributions.Distribution._validate_args is True
+    assert validation_enabled() is True
     for setting in (True, False):
         torch.distributions.Distribution.set_default_validate_args(setting)
         hmc.Potential(log_prob).value_and_grad(q[1:2].numpy().copy())
         hmc.sample(log_prob, q[0], chains=1, warmup=0, step_size=0.1, draws=2, progress=False)
-        assert torch.distributions.Distribution._validate_args is setting
+        assert validation_enabled() is setting
 
 
 # ---------------------------------------------------------------------- NumPy entry point

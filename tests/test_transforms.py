@@ -1,4 +1,4 @@
-"""The bijections of hmc.model: round trips, supports, shapes, and log-det-Jacobians
+"""The bijections of hmc.parameters: round trips, supports, shapes, and log-det-Jacobians
 checked against ``torch.autograd.functional.jacobian`` of the flattening map."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributions import constraints
 
-from hmc.model import ordered_vector, param_transform, positive_ordered_vector
+from hmc.parameters import ordered_vector, param_transform, positive_ordered_vector
 
 
 def _lower(x: torch.Tensor, offset: int = 0) -> torch.Tensor:

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from hmc.model import Model
 from hmc.models._data import read_json
 from hmc.models._registry import REGISTRY
 from hmc.models.gaussian_process import gp_pois_regr, gp_regr
@@ -33,6 +32,7 @@ from hmc.models.hierarchical import eight_schools_centered, eight_schools_noncen
 from hmc.models.mixtures import hmm_example, low_dim_gauss_mix
 from hmc.models.regression import blr, diamonds, earn_height, kidscore_interaction, kilpisjarvi
 from hmc.models.time_series import arK, arma11, garch11
+from hmc.parameters import Model
 
 __all__ = [
     "arK",

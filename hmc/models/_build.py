@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hmc.model import Model, Param, Values
 from hmc.models._data import Data
 from hmc.models._densities import normal_logpdf
+from hmc.parameters import Model, Param, Values
 
 __all__ = ["build", "normal_regression"]
 

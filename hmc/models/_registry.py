@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from hmc.model import Model
+from hmc.parameters import Model
 
 __all__ = ["REGISTRY", "Posterior", "posterior"]
 

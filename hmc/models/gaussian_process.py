@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch.distributions import constraints
 
-from hmc.model import Model, Param, Values
 from hmc.models._build import build
 from hmc.models._data import Data, read_json
 from hmc.models._densities import normal_logpdf, poisson_logpmf
 from hmc.models._registry import posterior
+from hmc.parameters import Model, Param, Values
 
 __all__ = ["gp_pois_regr", "gp_regr"]
 

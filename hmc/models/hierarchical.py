@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import torch
 from torch.distributions import constraints
 
-from hmc.model import Model, Param, Values
 from hmc.models._build import build
 from hmc.models._data import Data, read_json
 from hmc.models._densities import half_cauchy_kernel, normal_logpdf
 from hmc.models._registry import posterior
+from hmc.parameters import Model, Param, Values
 
 __all__ = ["eight_schools_centered", "eight_schools_noncentered"]
 

@@ -15,11 +15,11 @@ from types import SimpleNamespace
 import torch
 from torch.distributions import constraints
 
-from hmc.model import Model, Param, Values, ordered_vector, positive_ordered_vector
 from hmc.models._build import build
 from hmc.models._data import Data, read_json
 from hmc.models._densities import normal_logpdf
 from hmc.models._registry import posterior
+from hmc.parameters import Model, Param, Values, ordered_vector, positive_ordered_vector
 
 __all__ = ["hmm_example", "log_chain_product", "log_matmul", "low_dim_gauss_mix"]
 

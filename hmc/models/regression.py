@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 from torch.distributions import constraints
 
-from hmc.model import Model, Param
 from hmc.models._build import normal_regression
 from hmc.models._data import Data, read_json
 from hmc.models._densities import half_cauchy_kernel, student_t3_kernel
 from hmc.models._registry import posterior
+from hmc.parameters import Model, Param
 
 __all__ = ["blr", "diamonds", "earn_height", "kidscore_interaction", "kilpisjarvi"]
 

@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import constraints
 
-from hmc.model import Model, Param, Values
 from hmc.models._build import build, normal_regression
 from hmc.models._data import Data, read_json
 from hmc.models._densities import half_cauchy_kernel, normal_logpdf
 from hmc.models._registry import posterior
+from hmc.parameters import Model, Param, Values
 
 __all__ = ["arK", "arma11", "garch11", "linear_recurrence"]
 

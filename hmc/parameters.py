@@ -48,7 +48,14 @@ import torch.nn.functional as F
 from torch.distributions import Distribution, Transform, biject_to, constraints
 from torch.distributions.constraints import Constraint
 
-from hmc.potential import _distribution_validation_off
+from hmc._torch_compat import (
+    distribution_validation_off,
+    is_cached_inverse,
+    is_lower_cholesky,
+    is_positive_definite,
+    is_real,
+    turn_off_validation,
+)
 
 __all__ = [
     "Model",
@@ -247,12 +254,6 @@ class _PositiveDefinite(_LowerCholesky):
         return super().inverse(torch.linalg.cholesky(x))
 
 
-def _is_real(constraint: Constraint) -> bool:
-    while isinstance(constraint, constraints._IndependentConstraint):
-        constraint = constraint.base_constraint
-    return type(constraint) is constraints._Real
-
-
 def param_transform(constraint: Constraint, shape: Sequence[int] = ()) -> ParamTransform:
     """The bijection from unconstrained reals onto ``constraint``'s support for a tensor of
     ``shape``.
@@ -280,19 +281,14 @@ def param_transform(constraint: Constraint, shape: Sequence[int] = ()) -> ParamT
             f"{constraint} needs a shape with at least {constraint.event_dim} dimension(s), "
             f"got {shape}"
         )
-    if _is_real(constraint):
+    if is_real(constraint):
         return _Identity(shape, shape)
     if isinstance(constraint, _OrderedVector):
         return _Ordered(shape, positive=isinstance(constraint, _PositiveOrderedVector))
-    if isinstance(
-        constraint,
-        constraints._LowerCholesky
-        | constraints._PositiveDefinite
-        | constraints._PositiveSemidefinite,
-    ):
+    if is_lower_cholesky(constraint) or is_positive_definite(constraint):
         if shape[-1] != shape[-2]:
             raise ValueError(f"{constraint} needs square matrices, got shape {shape}")
-        if isinstance(constraint, constraints._LowerCholesky):
+        if is_lower_cholesky(constraint):
             return _LowerCholesky(shape)
         return _PositiveDefinite(shape)
     try:
@@ -322,9 +318,11 @@ def _cast(obj: Any, dtype: torch.dtype, device: Any, memo: dict[int, Any]) -> An
         new = copy.copy(obj)
         memo[id(obj)] = new
         for key, value in vars(obj).items():
-            vars(new)[key] = None if key == "_inv" else _cast(value, dtype, device, memo)
+            vars(new)[key] = (
+                None if is_cached_inverse(obj, key) else _cast(value, dtype, device, memo)
+            )
         if isinstance(new, Distribution):
-            vars(new)["_validate_args"] = False
+            turn_off_validation(new)
         return new
     if type(obj) in (list, tuple):
         return type(obj)(_cast(v, dtype, device, memo) for v in obj)
@@ -653,7 +651,7 @@ class Model:
         values, _ = self._constrain(torch.zeros(self.dim, dtype=torch.float64))
         recorder = _ReadRecorder(values, "log_prob")
         try:
-            with torch.no_grad(), _distribution_validation_off():
+            with torch.no_grad(), distribution_validation_off():
                 assert self._fn is not None
                 self._fn(recorder)
         except UndeclaredParameterError:
@@ -773,7 +771,7 @@ class Model:
             return {k: torch.as_tensor(v) for k, v in out.items()}
 
         parts: list[dict[str, torch.Tensor]] = []
-        with torch.no_grad(), _distribution_validation_off():
+        with torch.no_grad(), distribution_validation_off():
             for chunk in rows.split(_CHUNK):
                 try:
                     parts.append(torch.func.vmap(one)(chunk))
