@@ -11,9 +11,9 @@ with a log density written batched (``batched=True``, ``(C, D) -> (C,)``), float
 Kernels, at 1, 4, 16, 64, 256 and 1024 chains:
 
 - ``hmc``: ``hmc.HMC(num_steps=10)``, fixed step size, ``warmup=0`` (so the time is the
-  leapfrog loop and nothing else); inits near the posterior. Its default bookkeeping runs
-  CPU chains on the host (NumPy arithmetic between energy calls); ``hmc-tensor`` is the
-  same with ``bookkeeping="tensor"`` (batched tensor operations, as on a GPU);
+  leapfrog loop and nothing else); inits near the posterior, in the default engine (on
+  the CPU, NumPy: NumPy arithmetic between energy calls); ``hmc-tensor`` is the same run
+  with ``engine="torch"`` (batched tensor operations, as on a GPU);
 - ``nuts``: the default kernel (NUTS) with Stan's warmup, random inits; the table gives the
   number of warmup and kept draws, the whole run's time per chain-gradient
   (``total_time / n_gradient_evaluations``), the sampling phase's
@@ -102,7 +102,7 @@ def run_hmc(
     step_size: float,
     draws: int,
     seed: int,
-    bookkeeping="auto",
+    engine: str = "auto",
     device: str = "cpu",
     dtype: torch.dtype = torch.float64,
 ) -> dict:
@@ -115,7 +115,7 @@ def run_hmc(
         log_prob,
         starts,
         chains=chains,
-        kernel=hmc.HMC(num_steps=10, bookkeeping=bookkeeping),
+        kernel=hmc.HMC(num_steps=10),
         step_size=step_size,
         warmup=0,
         draws=draws,
@@ -124,10 +124,12 @@ def run_hmc(
         batched=True,
         device=device,
         dtype=dtype,
+        engine=engine,
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     grads = int(dt.attrs["n_gradient_evaluations"])
     return {
+        "engine": dt.attrs["engine"],
         "draws": draws,
         "grads": grads,
         "wall": wall,
@@ -149,6 +151,7 @@ def run_nuts(
     seed: int,
     device: str = "cpu",
     dtype: torch.dtype = torch.float64,
+    engine: str = "auto",
 ) -> dict:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     dt = hmc.sample(
@@ -162,12 +165,14 @@ def run_nuts(
         batched=True,
         device=device,
         dtype=dtype,
+        engine=engine,
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     grads = int(dt.attrs["n_gradient_evaluations"])
     stats = dt["sample_stats"]
     sampling_grads = int(stats["n_steps"].values.sum())
     return {
+        "engine": dt.attrs["engine"],
         "warmup": warmup,
         "draws": draws,
         "grads": grads,
@@ -229,10 +234,8 @@ def main() -> None:
                 if kernel.startswith("hmc"):
                     lo, hi = t["hmc_draws"]
                     draws = _draws(t["hmc_budget"] * scale, chains, 10, lo, hi)
-                    bookkeeping = "tensor" if kernel == "hmc-tensor" else "auto"
-                    r = run_hmc(
-                        t["log_prob"], t["init"], chains, t["step_size"], draws, 7, bookkeeping
-                    )
+                    engine = "torch" if kernel == "hmc-tensor" else "auto"
+                    r = run_hmc(t["log_prob"], t["init"], chains, t["step_size"], draws, 7, engine)
                 else:
                     if t["nuts_draws"](chains) is None:
                         continue
@@ -241,7 +244,8 @@ def main() -> None:
                     dim = t["init"].shape[-1]
                     r = run_nuts(t["log_prob"], dim, chains, warmup, draws, 7)
                 results[(name, kernel, chains)] = r
-                print(name, kernel, chains, {k: round(v, 4) for k, v in r.items()}, flush=True)
+                shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                print(name, kernel, chains, shown, flush=True)
 
     lines = [
         "### Throughput: time per chain-gradient vs number of chains",
@@ -252,12 +256,15 @@ def main() -> None:
         "number when other jobs share the machine.",
         "",
     ]
-    hmc_kernels = {"hmc": "", "hmc-tensor": ', bookkeeping="tensor"'}
+    hmc_kernels = {"hmc": "default engine", "hmc-tensor": '`engine="torch"`'}
     for name in args.targets.split(","):
         for hmc_kernel in (k for k in args.kernels.split(",") if k in hmc_kernels):
+            engines = sorted(
+                {r["engine"] for (t, k, _), r in results.items() if (t, k) == (name, hmc_kernel)}
+            )
             lines += [
-                f"**{name}, static HMC** (`hmc.HMC(num_steps=10{hmc_kernels[hmc_kernel]})`, "
-                f"step size {targets[name]['step_size']}, warmup=0)",
+                f"**{name}, static HMC** (`hmc.HMC(num_steps=10)`, {hmc_kernels[hmc_kernel]}: "
+                f"{', '.join(engines)}; step size {targets[name]['step_size']}, warmup=0)",
                 "",
                 "| chains | draws | chain-gradients | wall (s) | µs / chain-gradient (wall) | "
                 "µs / chain-gradient (CPU) | acceptance |",
