@@ -1,52 +1,53 @@
-"""Benchmark: NUTS cost per tick (one leapfrog step of every chain), both bookkeepings.
+"""Benchmark: NUTS cost per tick (one leapfrog step of every chain), both engines.
 
 Times ``hmc.sample`` with NUTS (Stan warmup, 300 + 300 iterations, ``batched=True``) on
 the 2-D correlated Gaussian at 1 and 4 chains and on the demo's non-centred eight schools
 at 4 and 16 chains, and reports CPU microseconds per tick (process CPU time over gradient
-evaluations per chain) with the trees kept on the host (``NUTS(bookkeeping="host")``) and
-in batched tensors (``bookkeeping="tensor"``), interleaved in one process, against the
-floor: one bare ``torch.autograd.grad`` of the same log density at the same number of
-chains. It also reports how far apart the two bookkeepings' draws are (they run the same
-transitions; sums taken in a different order can differ in the last bits). With
-``--against REV`` the NUTS kernel of git revision ``REV`` (its ``hmc/kernels/nuts.py``,
-loaded beside the current package) runs too. ``--crossover`` instead times both
-bookkeepings at 16 to 256 chains (100 + 100 iterations, one run each), to place
-``HOST_MAX_CHAINS``. ``--one-chain`` times one chain (the default kernel, trees on the
-host) on each of ``nuts_anchors.py``'s five targets against the floor of that target,
-with the log density passed for one position ``(D,) -> ()`` and as batched
-``(1, D) -> (1,)`` (the same shape-generic function); the per-tick figure leaves out each
-run's fixed cost (set-up and the DataTree), measured by a one-draw run beside it.
-``--split`` takes one chain's tick on the two Gaussians apart: the whole tick; the same
-run with the energy module's NumPy entry point replaced by the closed-form energy and
-gradient in NumPy (what the tree, the leapfrog's arithmetic, the recording and the
-warmup cost around a gradient that evicts nothing); the energy module's call alone, in
-a loop; and the floor. What the whole tick costs beyond the sum of its parts is what the
-autograd call's passes through the caches cost the code around it.
+evaluations per chain) in the NumPy engine (``engine="numpy"``, the CPU default: each
+chain's tree on the host) and the torch engine (``engine="torch"``: the trees in batched
+tensors, as on an accelerator), interleaved in one process, against the floor: one bare
+``torch.autograd.grad`` of the same log density at the same number of chains. It also
+reports how far apart the two engines' draws are (they run the same transitions from the
+same random numbers; sums taken in a different order can differ in the last bits).
+``--crossover`` instead times both engines at 16 to 256 chains (100 + 100 iterations, one
+run each): the torch engine's cost per tick against the NumPy engine's as the number of
+chains grows. ``--one-chain`` times one chain on each of ``nuts_anchors.py``'s five
+targets against the floor of that target, with the log density passed for one position
+``(D,) -> ()`` and as batched ``(1, D) -> (1,)`` (the same shape-generic function); the
+per-tick figure leaves out each run's fixed cost (set-up and the DataTree), measured by a
+one-draw run beside it. ``--split`` takes one chain's tick on the two Gaussians apart:
+the whole tick; the same run with the energy module's ``value_and_grad`` replaced by the
+closed-form energy and gradient in the engine's arrays (what the tree, the leapfrog's
+arithmetic, the recording and the warmup cost around a gradient that evicts nothing);
+the energy module's call alone, in a loop; and the floor. What the whole tick costs
+beyond the sum of its parts is what the autograd call's passes through the caches cost
+the code around it. ``--one-chain`` and ``--split`` run in the engine ``--engine`` names
+(the default picks NumPy on the CPU).
+
+To compare whole runs with another git revision of the package, use
+``benchmarks/against.py`` (each tree in its own subprocesses, interleaved).
 
 Run from the repository root::
 
     python -m benchmarks.nuts_tick --reps 3
     python -m benchmarks.nuts_tick --crossover
-    python -m benchmarks.nuts_tick --one-chain --reps 3
-    python -m benchmarks.nuts_tick --split --reps 5
+    python -m benchmarks.nuts_tick --one-chain --reps 3 [--engine torch]
+    python -m benchmarks.nuts_tick --split --reps 5 [--engine torch]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 import hmc
+from hmc._torch_compat import distribution_validation_off
+from hmc.arrays import ENGINES, as_arrays
 from hmc.demo import eight_schools
 
 try:
@@ -74,32 +75,30 @@ CASES = {
 }
 
 
-def kernel_at(revision: str) -> type:
-    """The ``NUTS`` class of ``hmc/kernels/nuts.py`` at git ``revision``."""
-    source = subprocess.run(
-        ["git", "show", f"{revision}:hmc/kernels/nuts.py"], capture_output=True, text=True,
-        check=True, cwd=Path(__file__).resolve().parents[1],
-    ).stdout  # fmt: skip
-    path = Path(tempfile.mkdtemp()) / "nuts_at_revision.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("nuts_at_revision", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.NUTS
+#: the engines the default comparison and ``--crossover`` time, side by side
+COMPARED = ("numpy", "torch")
 
 
-def time_one(kernel, case: tuple, iterations: int, seed: int) -> tuple[float, np.ndarray]:
-    """(CPU µs per tick, draws) of one run of a ``(log_prob, dim, chains)`` case."""
+def time_one(engine: str, case: tuple, iterations: int, seed: int) -> tuple[float, np.ndarray]:
+    """(CPU µs per tick, draws) of one NUTS run of a ``(log_prob, dim, chains)`` case in
+    ``engine``."""
     log_prob, dim, chains = case
     started = time.process_time()
     dt = hmc.sample(
         log_prob, dim=dim, chains=chains, warmup=iterations, draws=iterations, seed=seed,
-        batched=True, progress=False, kernel=kernel,
+        batched=True, progress=False, kernel="nuts", engine=engine,
     )  # fmt: skip
     seconds = time.process_time() - started
+    assert dt.attrs["engine"] == engine, (dt.attrs["engine"], engine)
     ticks = int(dt.attrs["n_gradient_evaluations"]) / chains
     return seconds / ticks * 1e6, dt["posterior"]["x"].values
+
+
+def warm_up() -> None:
+    """One short untimed run in each engine (imports, first-call costs)."""
+    for engine in COMPARED:
+        for case in ((gauss2d, 2, 1), (eight_schools().log_prob, 10, 4)):
+            time_one(engine, case, 10, seed=0)
 
 
 def floor_us(case: str, calls: int = 500) -> float:
@@ -113,37 +112,37 @@ def floor_us(case: str, calls: int = 500) -> float:
     return (time.process_time() - started) / calls * 1e6
 
 
-def crossover(iterations: int = 100) -> None:
-    """CPU µs per tick of both bookkeepings at 16-256 chains (one run each)."""
-    print("| target | chains | tensor (µs / tick) | host (µs / tick) | tensor / host |")
+def crossover(iterations: int = 100, chain_counts=(16, 32, 64, 128, 256)) -> None:
+    """CPU µs per tick of both engines at 16-256 chains (one run each)."""
+    warm_up()
+    print("| target | chains | numpy (µs / tick) | torch (µs / tick) | torch / numpy |")
     print("|---|---|---|---|---|")
     for name, (log_prob, dim) in {
         "gauss2d": (gauss2d, 2),
         "eight schools": (eight_schools().log_prob, 10),
     }.items():
-        for chains in (16, 32, 64, 128, 256):
+        for chains in chain_counts:
             case = (log_prob, dim, chains)
-            us = {
-                b: time_one(hmc.NUTS(bookkeeping=b), case, iterations, seed=3)[0]
-                for b in ("tensor", "host")
-            }
+            us = {e: time_one(e, case, iterations, seed=3)[0] for e in COMPARED}
             print(
-                f"| {name} | {chains} | {us['tensor']:.0f} | {us['host']:.0f} | "
-                f"{us['tensor'] / us['host']:.2f} |",
+                f"| {name} | {chains} | {us['numpy']:.0f} | {us['torch']:.0f} | "
+                f"{us['torch'] / us['numpy']:.2f} |",
                 flush=True,
             )
 
 
-def one_chain(reps: int, iterations: int) -> None:
-    """CPU µs per tick of one chain on each anchor target, without the run's fixed cost,
-    against one bare ``autograd.grad`` of the same function (medians of ``reps``)."""
+def one_chain(reps: int, iterations: int, engine: str = "auto", targets=TARGETS) -> None:
+    """CPU µs per tick of one chain on each anchor target in ``engine``, without the
+    run's fixed cost, against one bare ``autograd.grad`` of the same function (medians of
+    ``reps``)."""
     print(
-        f"CPU µs per tick, one chain, {iterations} + {iterations} iterations, medians of "
-        f"{reps}; fixed cost per run (from a one-draw run) subtracted.\n"
+        f"CPU µs per tick, one chain, engine {engine}, {iterations} + {iterations} "
+        f"iterations, medians of {reps}; fixed cost per run (from a one-draw run) "
+        "subtracted.\n"
     )
     print("| target | density | tick (µs) | floor (µs) | tick / floor | fixed (s) | mean n_steps |")
     print("|---|---|---|---|---|---|---|")
-    for target in TARGETS:
+    for target in targets:
         log_prob = torch_log_prob(target)
         init = torch.as_tensor(inits(target, 1, seed=1)[0])
         forms = {"one position": (False, init), "batched": (True, init.unsqueeze(0))}
@@ -153,7 +152,7 @@ def one_chain(reps: int, iterations: int) -> None:
                 started = time.process_time()
                 dt = hmc.sample(
                     lp, x0, chains=1, warmup=warmup, draws=draws, seed=seed,
-                    batched=b, progress=False,
+                    batched=b, progress=False, engine=engine,
                 )  # fmt: skip
                 seconds = time.process_time() - started
                 return seconds, int(dt.attrs["n_gradient_evaluations"]), dt
@@ -181,48 +180,48 @@ def one_chain(reps: int, iterations: int) -> None:
             )
 
 
-#: closed-form NumPy gradients of U = -log p for ``--split``: ``(C, D) -> (C, D)``
+#: the Gaussians' precision and variances for ``--split``'s closed forms, as a NumPy
+#: array and as a tensor (indexed by whether the positions are tensors)
+_CONSTANTS = {
+    "gauss2d": (PRECISION_2D, torch.as_tensor(PRECISION_2D)),
+    "diag100": (SDS100**2, torch.as_tensor(SDS100**2)),
+}
+#: closed-form gradients of U = -log p for ``--split``: ``(C, D) -> (C, D)``, NumPy arrays
+#: or tensors (the engine's arrays)
 CLOSED_FORM_GRADS = {
-    "gauss2d": lambda q: q @ PRECISION_2D,
-    "diag100": lambda q: q / SDS100**2,
+    "gauss2d": lambda q: q @ _CONSTANTS["gauss2d"][isinstance(q, torch.Tensor)],
+    "diag100": lambda q: q / _CONSTANTS["diag100"][isinstance(q, torch.Tensor)],
 }
 
 
 @contextlib.contextmanager
 def energy_replaced(grad):
-    """``hmc.Potential.value_and_grad_numpy`` replaced by a closed-form Gaussian energy
-    ``U = q . grad(q) / 2`` (counted as the original counts)."""
-    original = hmc.Potential.value_and_grad_numpy
+    """``hmc.Potential.value_and_grad`` replaced by a closed-form Gaussian energy
+    ``U = q . grad(q) / 2`` in the arrays it is given (counted as the original counts)."""
+    original = hmc.Potential.value_and_grad
 
-    def closed_form(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def closed_form(self, q):
         self.evaluations += q.shape[0]
         g = grad(q)
-        return 0.5 * np.add.reduce(g * q, -1), g
+        if isinstance(q, np.ndarray):
+            return 0.5 * np.add.reduce(g * q, -1), g
+        return 0.5 * (g * q).sum(-1), g
 
-    hmc.Potential.value_and_grad_numpy = closed_form
+    hmc.Potential.value_and_grad = closed_form
     try:
         yield
     finally:
-        hmc.Potential.value_and_grad_numpy = original
+        hmc.Potential.value_and_grad = original
 
 
-@contextlib.contextmanager
-def distribution_validation_off():
-    """As inside a sampler run (the energy module's guard is then a no-op)."""
-    before = torch.distributions.Distribution._validate_args
-    torch.distributions.Distribution.set_default_validate_args(False)
-    try:
-        yield
-    finally:
-        torch.distributions.Distribution.set_default_validate_args(before)
-
-
-def split(reps: int, iterations: int, calls: int = 2000) -> None:
-    """One chain's tick on the two Gaussians, taken apart (see the module's docstring)."""
+def split(reps: int, iterations: int, calls: int = 2000, engine: str = "auto") -> None:
+    """One chain's tick on the two Gaussians in ``engine``, taken apart (see the module's
+    docstring)."""
+    rows_of = {"auto": "numpy", "numpy": "numpy", "torch": "torch"}[engine]  # on the CPU
     print(
-        f"CPU µs per gradient, one chain, one position, {iterations} + {iterations} "
-        f"iterations (each run's fixed cost, from a one-draw run, subtracted), medians of "
-        f"{reps} interleaved rounds; loops of {calls} calls.\n"
+        f"CPU µs per gradient, one chain, one position, engine {engine}, {iterations} + "
+        f"{iterations} iterations (each run's fixed cost, from a one-draw run, subtracted), "
+        f"medians of {reps} interleaved rounds; loops of {calls} calls on {rows_of} rows.\n"
     )
     print(
         "| target | tick | tick, closed-form energy | energy module alone | closed form alone "
@@ -232,14 +231,16 @@ def split(reps: int, iterations: int, calls: int = 2000) -> None:
     for target, grad in CLOSED_FORM_GRADS.items():
         log_prob = torch_log_prob(target)
         point = torch.as_tensor(inits(target, 1, seed=1)[0])
-        rows = point.numpy()[None].copy()
+        rows = point[None].clone()
+        rows = as_arrays(rows) if rows_of == "numpy" else rows
 
         def tick(seed: int, lp=log_prob, x0=point) -> float:
             def run(warmup: int, draws: int) -> tuple[float, int]:
                 started = time.process_time()
                 dt = hmc.sample(
-                    lp, x0, chains=1, warmup=warmup, draws=draws, seed=seed, progress=False
-                )
+                    lp, x0, chains=1, warmup=warmup, draws=draws, seed=seed, progress=False,
+                    engine=engine,
+                )  # fmt: skip
                 return time.process_time() - started, int(dt.attrs["n_gradient_evaluations"])
 
             fixed = min(run(0, 1)[0] for _ in range(2))
@@ -251,7 +252,7 @@ def split(reps: int, iterations: int, calls: int = 2000) -> None:
             with distribution_validation_off():
                 started = time.process_time()
                 for _ in range(calls):
-                    potential.value_and_grad_numpy(q)
+                    potential.value_and_grad(q)
             return (time.process_time() - started) / calls * 1e6
 
         def floor(lp=log_prob, x0=point) -> float:
@@ -290,27 +291,39 @@ def split(reps: int, iterations: int, calls: int = 2000) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", default=None, help="git revision to compare with")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--iterations", type=int, default=300, help="warmup = draws = this")
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="warmup = draws = this (300; 100 for --crossover)",
+    )
     parser.add_argument("--crossover", action="store_true", help="16-256 chains, both ways")
     parser.add_argument("--one-chain", action="store_true", help="one chain, five targets")
     parser.add_argument("--split", action="store_true", help="one chain's tick taken apart")
+    parser.add_argument(
+        "--engine", default="auto", choices=ENGINES, help="for --one-chain and --split"
+    )
+    parser.add_argument(
+        "--chains", default="16,32,64,128,256", help="for --crossover: comma-separated counts"
+    )
+    parser.add_argument(
+        "--targets", default=",".join(TARGETS), help="for --one-chain: comma-separated targets"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.crossover:
-        crossover()
+        crossover(args.iterations or 100, [int(c) for c in args.chains.split(",")])
         return
+    args.iterations = args.iterations or 300
     if args.one_chain:
-        one_chain(args.reps, args.iterations)
+        one_chain(args.reps, args.iterations, args.engine, args.targets.split(","))
         return
     if args.split:
-        split(args.reps, args.iterations)
+        split(args.reps, args.iterations, engine=args.engine)
         return
-    kernels = {"host": hmc.NUTS(bookkeeping="host"), "tensor": hmc.NUTS(bookkeeping="tensor")}
-    if args.against:
-        kernels[args.against] = kernel_at(args.against)()
-    labels = list(kernels)
+    labels = list(COMPARED)
+    warm_up()
     times: dict[tuple[str, str], list[float]] = {}
     gaps: dict[str, float] = {}
     for rep in range(args.reps):
@@ -318,10 +331,10 @@ def main(argv: list[str] | None = None) -> None:
             draws = {}
             order = labels[::-1] if rep % 2 else labels  # alternate who goes first
             for label in order:
-                us, draws[label] = time_one(kernels[label], CASES[case], args.iterations, seed=rep)
+                us, draws[label] = time_one(label, CASES[case], args.iterations, seed=rep)
                 times.setdefault((case, label), []).append(us)
             times.setdefault((case, "floor"), []).append(floor_us(case))
-            gap = float(np.abs(draws["host"] - draws["tensor"]).max())
+            gap = float(np.abs(draws["numpy"] - draws["torch"]).max())
             gaps[case] = max(gaps.get(case, 0.0), gap)
     info = {**machine(), "torch": torch.__version__}
     print(
@@ -334,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         "| case | "
         + " | ".join(f"{c} (µs)" for c in columns)
-        + " | tensor / host | host / floor | max |host - tensor| draw |"
+        + " | torch / numpy | numpy / floor | max |numpy - torch| draw |"
     )
     print("|---" * (len(columns) + 4) + "|")
     for case in CASES:
@@ -342,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"| {case} | "
             + " | ".join(f"{m[c]:.0f}" for c in columns)
-            + f" | {m['tensor'] / m['host']:.2f} | {m['host'] / m['floor']:.2f} "
+            + f" | {m['torch'] / m['numpy']:.2f} | {m['numpy'] / m['floor']:.2f} "
             f"| {gaps[case]:.1e} |"
         )
 
