@@ -3,15 +3,17 @@
 One run, sized to finish in about five minutes on one GPU, in four parts (each writes its
 results as it goes, so a run cut short keeps what it measured):
 
-1. **Same draws as the CPU.** ``hmc.sample`` with one seed on the CPU (its default host
-   bookkeeping) and on the device (tensor bookkeeping), 8 chains, NUTS and static HMC, on
-   a diagonal Gaussian (elementwise arithmetic) and the correlated 2-D Gaussian (a matrix
-   product); once with a given step size and no warmup, once after Stan's warmup. Random
-   numbers are a function of (seed, chain, counter) only, so the two runs differ only by
-   floating-point rounding: per chain, the first draw where they differ by more than 1e-8
-   (or none), the largest difference before it, and the gradient counts and adapted step
-   sizes of both. Without warmup they must agree; warmup amplifies rounding until the
-   chains part.
+1. **Same draws as the CPU.** ``hmc.sample`` with one seed on the CPU (``engine="numpy"``,
+   the CPU's default: each NUTS tree on the host; ``--cpu-engine torch`` for batched
+   tensors on the CPU instead) and on the device (``engine="torch"``), 8 chains, NUTS and
+   static HMC, on a diagonal Gaussian (elementwise arithmetic) and the correlated 2-D
+   Gaussian (a matrix product); once with a given step size and no warmup, once after
+   Stan's warmup. Random numbers are a function of (seed, chain, counter) only, so the
+   two runs differ only by floating-point rounding: per chain, the first draw where they
+   differ by more than 1e-8 (or none), the largest difference before it, and the gradient
+   counts and adapted step sizes of both. Without warmup they must agree; warmup amplifies
+   rounding until the chains part. With ``--device cpu`` this compares the two engines on
+   the CPU.
    ``sensitivity`` repeats one run with its starts moved by 1e-14 (on one device): how far
    warmup's adaptation carries a rounding-sized change.
 2. **Host syncs.** ``torch.cuda.set_sync_debug_mode("warn")`` makes torch warn at every
@@ -27,7 +29,7 @@ results as it goes, so a run cut short keeps what it measured):
 4. **Throughput**: time per chain-gradient for static HMC (``num_steps=10``, fixed step,
    no warmup) and NUTS (Stan's warmup) on the 2-D Gaussian and the logistic regression
    (N=5000, D=50) of ``throughput.py``, at 1024, 10240 and 102400 chains, plus the same
-   static HMC rows on the CPU (one thread) side by side.
+   static HMC rows at 1024 chains on the CPU (one thread), in both engines, side by side.
 
 Run from the repository root (``--device cpu --quick`` runs parts 1, 3 and 4 in small on
 a machine without a GPU, to check the script)::
@@ -64,6 +66,8 @@ PARTS = ("agreement", "sensitivity", "syncs", "moments", "throughput")
 DIAG_SCALES = torch.linspace(0.5, 5.0, 10, dtype=torch.float64)
 AGREE_TOL = 1e-8
 SEED = 1
+#: the engines of the CPU rows beside the device's in the throughput part
+CPU_ENGINES = ("numpy", "torch")
 
 
 def make_gauss2d(device, dtype=torch.float64):
@@ -123,18 +127,25 @@ FIXED_STEP |= {("gauss2d", "nuts"): 0.15, ("gauss2d", "hmc"): 0.1}
 
 
 def agreement(
-    device: str, target: str, kernel: str, chains: int, iterations: int, adapted: bool
+    device: str,
+    target: str,
+    kernel: str,
+    chains: int,
+    iterations: int,
+    adapted: bool,
+    cpu_engine: str = "numpy",
 ) -> dict:
-    """The same run on the CPU and on ``device``: where each chain's draws part. Without
-    ``adapted``, no warmup and a given stable step size (the draws must agree to
-    rounding); with it, Stan's warmup first (rounding then grows until chains part)."""
+    """The same run on the CPU in ``cpu_engine`` and on ``device`` in the torch engine:
+    where each chain's draws part. Without ``adapted``, no warmup and a given stable step
+    size (the draws must agree to rounding); with it, Stan's warmup first (rounding then
+    grows until chains part)."""
     warmup, step = (iterations, None) if adapted else (0, FIXED_STEP[target, kernel])
-    runs = {}
-    for where in ("cpu", device):
+    runs = []
+    for where, engine in (("cpu", cpu_engine), (device, "torch")):
         t0 = time.perf_counter()
-        dt = sample_on(where, target, kernel, chains, warmup, iterations, step)
-        runs[where] = (dt, time.perf_counter() - t0)
-    (a, ta), (b, tb) = runs["cpu"], runs[device]
+        dt = sample_on(where, target, kernel, chains, warmup, iterations, step, engine=engine)
+        runs.append((dt, time.perf_counter() - t0))
+    (a, ta), (b, tb) = runs
     xa, xb = a["posterior"]["x"].values, b["posterior"]["x"].values  # (C, N, D)
     diff = np.abs(xa - xb).max(-1)  # (C, N)
     parted = diff > AGREE_TOL
@@ -152,6 +163,8 @@ def agreement(
         "chains": chains,
         "warmup": warmup,
         "draws": iterations,
+        "engine_cpu": a.attrs["engine"],
+        "engine_device": b.attrs["engine"],
         "max_abs_diff": float(diff.max()),
         "chains_identical_within_tol": sum(f is None for f in first),
         "first_parting_draw": first,
@@ -300,12 +313,15 @@ def throughput_rows(device: str, quick: bool):
                 lambda c=chains, d=draws: run_hmc(gauss_dev, zeros2, c, 0.25, d, 7, device=device),
             )
         )
-    rows.append(
-        (
-            ("gauss2d", "hmc", "cpu", 1024),
-            lambda: run_hmc(make_gauss2d("cpu"), zeros2, 1024, 0.25, max(5, int(50 * scale)), 7),
+    for engine in CPU_ENGINES:
+        rows.append(
+            (
+                ("gauss2d", "hmc", f"cpu/{engine}", 1024),
+                lambda e=engine: run_hmc(
+                    make_gauss2d("cpu"), zeros2, 1024, 0.25, max(5, int(50 * scale)), 7, e
+                ),
+            )
         )
-    )
     for chains in big:
         it = max(20, int(scale * 100))
         rows.append(
@@ -339,12 +355,13 @@ def throughput_rows(device: str, quick: bool):
                 ),
             )
         )
-    rows.append(
-        (
-            ("logistic", "hmc", "cpu", 1024),
-            lambda: run_hmc(logistic_cpu, beta_cpu, 1024, 0.015, 2, 7),
+    for engine in CPU_ENGINES:
+        rows.append(
+            (
+                ("logistic", "hmc", f"cpu/{engine}", 1024),
+                lambda e=engine: run_hmc(logistic_cpu, beta_cpu, 1024, 0.015, 2, 7, e),
+            )
         )
-    )
     for chains in big:
         it = max(20, int(scale * {1024: 60, 10240: 40}.get(chains, 30)))
         rows.append(
@@ -364,6 +381,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (a script check)")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds; later runs skip")
     parser.add_argument("--parts", default=",".join(PARTS), help="a comma-separated subset")
+    parser.add_argument(
+        "--cpu-engine",
+        default="numpy",
+        choices=("numpy", "torch"),
+        help="the CPU side's engine in the agreement part",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="Found chain dimension")  # 10k chains, 20 draws
@@ -407,7 +430,9 @@ def main() -> None:
         for kernel, adapted in itertools.product(("nuts", "hmc"), (False, True)):
             record(
                 ("agreement", target, kernel, "adapted" if adapted else "fixed"),
-                lambda t=target, k=kernel, a=adapted: agreement(args.device, t, k, 8, n, a),
+                lambda t=target, k=kernel, a=adapted: agreement(
+                    args.device, t, k, 8, n, a, args.cpu_engine
+                ),
             )
     for kernel in ("hmc", "nuts") if "sensitivity" in parts else ():
         record(("sensitivity", kernel), lambda k=kernel: sensitivity(args.device, k))

@@ -16,6 +16,7 @@ import torch
 from hmc.arrays import namespace
 
 __all__ = [
+    "Params",
     "State",
     "put_rows",
     "take_rows",
@@ -34,6 +35,14 @@ class State(NamedTuple):
     position: torch.Tensor
     potential: torch.Tensor
     grad: torch.Tensor
+
+
+class Params(NamedTuple):
+    """Per-chain kernel parameters: ``step_size`` ``(C,)`` and the metric
+    (:mod:`hmc.metric`)."""
+
+    step_size: torch.Tensor
+    metric: NamedTuple
 
 
 def where_rows[R: tuple](mask: torch.Tensor | np.ndarray, a: R, b: R) -> R:
@@ -85,7 +94,7 @@ class _Masks(dict):
 
 
 def _where_record[R: tuple](masks: _Masks, a: R, b: R) -> R:
-    return type(a)(*(_where(masks, x, y) for x, y in zip(a, b, strict=True)))
+    return _rebuild(a, (_where(masks, x, y) for x, y in zip(a, b, strict=True)))
 
 
 def _where(masks: _Masks, x, y):

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from typing import Any
 
 import numpy as np
+import torch
 
-__all__ = ["to_datatree"]
+__all__ = ["adaptation_group", "run_attrs", "to_datatree"]
 
 
 def to_datatree(
@@ -62,3 +64,62 @@ def _netcdf_value(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.ravel().tolist() if value.ndim else value.item()
     return value
+
+
+def run_attrs(
+    *,
+    seed: int,
+    kernel: Any,
+    metric: str,
+    warmup: int,
+    n_gradient_evaluations: int,
+    sampling_time: float,
+    warmup_time: float,
+    total_time: float,
+    chain_utilization: float,
+    device: torch.device,
+    engine: str,
+) -> dict[str, Any]:
+    """The attrs of a run's DataTree (ArviZ's names where ArviZ has one)."""
+    return {
+        "inference_library": "hmc",
+        "inference_library_version": _version(),
+        "sampling_time": sampling_time,
+        "warmup_time": warmup_time,
+        "total_time": total_time,
+        "tuning_steps": warmup,
+        "n_gradient_evaluations": n_gradient_evaluations,
+        "seed": seed,
+        "kernel": type(kernel).__name__,
+        "kernel_settings": str(kernel),
+        "metric": metric,
+        "chain_utilization": chain_utilization,
+        "torch_version": str(torch.__version__),
+        "device": str(device),
+        "engine": engine,
+    }
+
+
+def adaptation_group(params: Any):
+    """The ``adaptation`` group: each chain's adapted step size ``(chain,)`` and inverse
+    metric ``(chain, dim_0)`` or ``(chain, dim_0, dim_1)``, from tensor ``params``."""
+    import xarray
+
+    inverse = params.metric.inverse.numpy(force=True)
+    names = ("chain", "dim_0") if inverse.ndim == 2 else ("chain", "dim_0", "dim_1")
+    return xarray.DataTree(
+        xarray.Dataset(
+            {
+                "step_size": (("chain",), params.step_size.numpy(force=True)),
+                "inverse_metric": (names, inverse),
+            },
+            coords={"chain": np.arange(inverse.shape[0])},
+        )
+    )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("hmc")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "0.1.0"

@@ -6,7 +6,6 @@ from hmc.adapt.step_size import (
     dual_averaging_final,
     dual_averaging_init,
     dual_averaging_update,
-    find_reasonable_step_size,
 )
 from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, welford_update
 
@@ -18,7 +17,6 @@ __all__ = [
     "dual_averaging_final",
     "dual_averaging_init",
     "dual_averaging_update",
-    "find_reasonable_step_size",
     "welford_covariance",
     "welford_init",
     "welford_update",

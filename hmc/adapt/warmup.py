@@ -15,16 +15,18 @@ size (Stan sets ``mu`` from its ``stepsize`` argument before the heuristic runs)
 Because every step takes a mask of the chains that just finished a transition, chains can
 be at different iterations (as they are under asynchronous NUTS).
 
-``warmup_update`` also runs on NumPy arrays (state, mask, statistics, step sizes and the
-schedule's masks) when no chain ends a window: the driver's host loop for CPU kernels
-keeps its adaptation state in NumPy, where a handful of updates per transition cost far
-less than as tensor operations, and passes tensors sharing that memory at a window end.
+The arrays are those of the run's engine (:mod:`hmc.arrays`). The rare update at a
+window end runs on tensors (a NumPy engine's arrays are viewed as tensors there, without
+copies). The step-size heuristic is passed in (``search``), so this package runs no
+leapfrog step and knows nothing of kernels or the energy module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from hmc.adapt.schedule import WarmupSchedule
@@ -33,16 +35,20 @@ from hmc.adapt.step_size import (
     dual_averaging_final,
     dual_averaging_init,
     dual_averaging_update,
-    find_reasonable_step_size,
 )
 from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, welford_update
-from hmc.arrays import namespace
-from hmc.kernels.base import Params
-from hmc.metric import metric_from_inverse
-from hmc.potential import Potential
-from hmc.state import State, take_rows, where_rows
+from hmc.arrays import as_arrays, as_tensors, namespace
+from hmc.metric import Metric, metric_from_inverse
+from hmc.state import Params, State, take_rows, where_rows
 
-__all__ = ["WarmupState", "warmup_init", "warmup_update"]
+__all__ = ["StepSizeSearch", "WarmupState", "warmup_init", "warmup_update"]
+
+#: ``search(state, step_size, metric, keys, counter) -> (step_size, counter)``: Stan's
+#: step-size heuristic for the chains of ``state`` (``(C,)`` tensors; ``counter`` numbers
+#: each chain's draws of its search stream), see :mod:`hmc.step_size_search`
+type StepSizeSearch = Callable[
+    [State, torch.Tensor, Metric, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+]
 
 
 class WarmupState(NamedTuple):
@@ -55,7 +61,7 @@ class WarmupState(NamedTuple):
 
 
 def warmup_init(
-    state: State, params: Params, potential: Potential, keys: torch.Tensor, dense: bool
+    state: State, params: Params, search: StepSizeSearch, keys: torch.Tensor, dense: bool
 ) -> tuple[WarmupState, Params]:
     """Run the step-size heuristic from the initial states and start dual averaging.
 
@@ -65,9 +71,7 @@ def warmup_init(
     metric update it shrinks towards the heuristic's result.
     """
     counter = torch.zeros_like(keys)
-    step_size, counter = find_reasonable_step_size(
-        state, params.step_size, params.metric, potential, keys, counter
-    )
+    step_size, counter = search(state, params.step_size, params.metric, keys, counter)
     da = dual_averaging_init(step_size, shrink_towards=params.step_size)
     warm = WarmupState(da, welford_init(state.position, dense), counter)
     return warm, Params(step_size, params.metric)
@@ -81,7 +85,7 @@ def warmup_update(
     iteration: torch.Tensor,
     accept_stat: torch.Tensor,
     state: State,
-    potential: Potential,
+    search: StepSizeSearch,
     keys: torch.Tensor,
     target_accept: float,
     adapt_metric: bool,
@@ -91,17 +95,27 @@ def warmup_update(
 
     ``window_ends=False`` says, from the caller's host counters, that no chain in ``done``
     ends a slow window: the metric update (which must find those chains, a device read)
-    is then skipped. Only then may the arrays be NumPy arrays (the metric stays tensors).
+    is then skipped. The metric is tensors whatever the engine.
 
     ``accept_stat`` ``(C,)`` and ``state`` are the finished transitions' statistic and new
     states. Returns the new adaptation state and kernel parameters.
     """
+    if isinstance(done, np.ndarray) and window_ends:  # rare: run it on tensor views
+        warm, params = warmup_update(
+            *map(as_tensors, (warm, params, schedule, done, iteration, accept_stat, state)),
+            search,
+            keys,
+            target_accept,
+            adapt_metric,
+            window_ends,
+        )
+        return as_arrays(warm), Params(params.step_size.numpy(), params.metric)
     xp = namespace(done)
     last = schedule.num_warmup - 1
     t = iteration.clip(0, last)
     da = dual_averaging_update(warm.dual_averaging, accept_stat, done, target=target_accept)
     step_size = xp.where(done, xp.exp(da.log_step_size), params.step_size)
-    metric, welford, search = params.metric, warm.welford, warm.search_counter
+    metric, welford, counter = params.metric, warm.welford, warm.search_counter
     if adapt_metric and schedule.adapts_metric:
         in_window = schedule.in_window[t] & done
         welford = welford_update(welford, state.position, in_window)
@@ -117,19 +131,18 @@ def warmup_update(
                     for x, y in zip(welford, cleared, strict=True)
                 )
             )
-            new_eps, new_counter = find_reasonable_step_size(
+            new_eps, new_counter = search(
                 take_rows(state, ends),
                 step_size.index_select(0, ends),
                 take_rows(metric, ends),
-                potential,
                 keys.index_select(0, ends),
-                search.index_select(0, ends),
+                counter.index_select(0, ends),
             )
             step_size = step_size.index_copy(0, ends, new_eps)
-            search = search.index_copy(0, ends, new_counter)
+            counter = counter.index_copy(0, ends, new_counter)
             restarted = dual_averaging_init(step_size)
             is_end = torch.zeros_like(done).index_fill(0, ends, True)
             da = where_rows(is_end, restarted, da)
     finishing = done & (iteration == last)
     step_size = xp.where(finishing, dual_averaging_final(da), step_size)
-    return WarmupState(da, welford, search), Params(step_size, metric)
+    return WarmupState(da, welford, counter), Params(step_size, metric)

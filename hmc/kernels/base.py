@@ -1,11 +1,21 @@
-"""What every kernel shares: its parameters and the way the driver advances it.
+"""What every kernel shares: its parameters, the record one call returns, and the calls
+the driver makes.
 
-A kernel is a set of settings with plain methods over explicit state. The driver calls
-``kernel.init(state)`` once and then ``kernel.advance(...)`` repeatedly; each call returns
-which chains completed a transition, their new states and their transition statistics.
-Static HMC completes one transition for every running chain per call; NUTS advances every
-running chain by one leapfrog step per call, so chains never wait for each other.
-No adaptation happens inside a kernel: the driver changes ``Params`` between calls.
+A kernel is a set of settings with plain functions over explicit state. The driver calls
+``kernel.init(state, num_transitions)`` once and then ``kernel.step(...)`` repeatedly; each
+call returns the new kernel state and a :class:`Step`: which chains completed a transition,
+their new states and their transition statistics, and how much leapfrog work each chain
+did. Static HMC completes one transition of every running chain per call; NUTS advances
+every running chain by one leapfrog step per call, so chains never wait for each other.
+No adaptation happens inside a kernel: the driver changes :class:`~hmc.state.Params`
+between calls. Each kernel also has a plain ``transition`` call, in which every chain
+completes one transition, for loops written by hand.
+
+The arrays are those of the run's engine (:mod:`hmc.arrays`). With the torch engine a
+kernel may need a few numbers from the device before its next call (whether any chain
+starts a transition, say): it keeps them in its state's ``flags`` ``(K,)`` int64 tensor
+(``K`` may be 0); the driver reads them together with its own counters, one host read per
+call, and hands them back through ``with_host_flags``.
 """
 
 from __future__ import annotations
@@ -14,18 +24,25 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from hmc.metric import Metric
 from hmc.potential import Potential
-from hmc.state import State
+from hmc.state import Params, State
 
-__all__ = ["Kernel", "Params"]
+__all__ = ["Kernel", "Params", "Step"]
 
 
-class Params(NamedTuple):
-    """Per-chain kernel parameters: ``step_size`` ``(C,)`` and the metric."""
+class Step(NamedTuple):
+    """What one kernel call did.
 
-    step_size: torch.Tensor
-    metric: Metric
+    done : ``(C,)`` bool, the chains whose transition ended in this call.
+    state, info : their new states and transition statistics (ArviZ names), valid in the
+        rows of ``done``; None when no chain finished and the kernel knows it.
+    work : ``(C,)`` the fraction of this call's leapfrog steps in which each chain moved.
+    """
+
+    done: torch.Tensor
+    state: State | None
+    info: NamedTuple | None
+    work: torch.Tensor
 
 
 class Kernel(Protocol):
@@ -35,37 +52,22 @@ class Kernel(Protocol):
     stat_names: tuple[str, ...]
 
     def init(self, state: State, num_transitions: int | None = None) -> NamedTuple:
-        """Kernel state for chains at ``state``, each to run ``num_transitions``."""
+        """Kernel state for chains at ``state`` (its arrays pick the engine), each to run
+        ``num_transitions``."""
         ...
 
-    def advance(
+    def step(
         self,
         kernel_state: NamedTuple,
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
         sampling: torch.Tensor,
-    ) -> tuple[NamedTuple, torch.Tensor]:
-        """Advance every chain that has transitions left.
-
-        ``sampling`` ``(C,)`` is True for chains past their warmup. Returns the new kernel
-        state and ``done`` ``(C,)``, the chains that completed a transition in this call.
-        A kernel that needs flags from the device between calls keeps them in a ``flags``
-        tensor field of its state; the driver reads them together with its own counters
-        (one host read per call) and hands them back through ``with_host_flags``. A kernel
-        with a true ``synchronous`` attribute promises that every call completes one
-        transition of every chain with transitions left (as static HMC does), and the
-        driver then keeps its counters on the host. A kernel whose state knows on the host
-        which chains finished (NUTS with its trees on the host) exposes them as a list
-        ``host_done`` and the number of chains that moved as ``host_busy``; the driver then
-        reads nothing from the device. Such a kernel, and a synchronous one whose state has
-        a true ``on_host`` attribute, keeps its chains in NumPy on the CPU: the driver
-        passes ``sampling`` and the step sizes as NumPy arrays and takes ``done`` and the
-        report's states and statistics as NumPy arrays.
-        """
+    ) -> tuple[NamedTuple, Step]:
+        """Advance every chain that has transitions left. ``sampling`` ``(C,)`` is True for
+        chains past their warmup."""
         ...
 
-    def report(self, kernel_state: NamedTuple) -> tuple[State, NamedTuple]:
-        """The new states and statistics of the chains reported ``done`` by the last
-        :meth:`advance` (other rows are unspecified)."""
+    def with_host_flags(self, kernel_state: NamedTuple, values: list[int]) -> NamedTuple:
+        """The kernel state with its ``flags`` as read by the driver."""
         ...

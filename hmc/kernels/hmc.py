@@ -27,7 +27,7 @@ import torch
 
 from hmc.arrays import as_arrays, namespace, to_float64, to_int64
 from hmc.integrators import leapfrog
-from hmc.kernels.base import Params
+from hmc.kernels.base import Params, Step
 from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.random import Stream, normal, uniform
@@ -66,7 +66,8 @@ class HMCState(NamedTuple):
     ``block``, the random numbers of the transitions ``transitions - transitions % B``
     onwards, drawn ``B`` at a time; ``all_chains``, an all-True ``(C,)`` mask (the
     ``done`` of every call); ``metric_source`` and ``metric``, the last metric passed in
-    and the same in the engine's arrays."""
+    and the same in the engine's arrays; ``flags``, empty (the driver needs nothing from
+    the device for this kernel: every call completes a transition of every chain)."""
 
     state: State
     transitions: int
@@ -77,6 +78,7 @@ class HMCState(NamedTuple):
     all_chains: torch.Tensor
     metric_source: Metric | None = None
     metric: Metric | None = None
+    flags: torch.Tensor | None = None
 
     @property
     def on_host(self) -> bool:
@@ -116,8 +118,6 @@ class HMC:
     max_energy_error: float = 1000.0
 
     stat_names = HMCInfo._fields
-    #: every call completes one transition of every chain with transitions left
-    synchronous = True
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and (
@@ -139,22 +139,23 @@ class HMC:
         limit = num_transitions if num_transitions is not None else 2**62
         xp = namespace(state.position)
         ones = xp.ones_like(state.potential)
-        return HMCState(state, 0, limit, None, ones, None, ones > 0)
+        flags = ones[:0].astype(np.int64) if xp is np else ones[:0].to(torch.int64)
+        return HMCState(state, 0, limit, None, ones, None, ones > 0, flags=flags)
 
-    def advance(
+    def step(
         self,
         kernel_state: HMCState,
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
         sampling: torch.Tensor,
-    ) -> tuple[HMCState, torch.Tensor]:
+    ) -> tuple[HMCState, Step]:
         """One transition of every chain, if they have transitions left (see
         :class:`hmc.kernels.base.Kernel`); chains run in lockstep, so ``done`` is all or
         nothing."""
         ks = kernel_state
         if ks.transitions >= ks.limit:
-            return ks._replace(busy=ks.busy * 0), ~ks.all_chains
+            return ks, Step(~ks.all_chains, None, None, ks.busy * 0)
         chains, dim = ks.state.position.shape
         dtype = params.metric.inverse.dtype
         block = ks.block
@@ -178,7 +179,7 @@ class HMC:
         if self.num_steps is None:
             steps = to_float64(info.n_steps)
             busy = steps / steps.max()
-        return HMCState(
+        ks = HMCState(
             new_state,
             ks.transitions + 1,
             ks.limit,
@@ -188,13 +189,14 @@ class HMC:
             ks.all_chains,
             source,
             metric,
-        ), ks.all_chains
+            ks.flags,
+        )
+        return ks, Step(ks.all_chains, new_state, info, busy)
 
     @staticmethod
-    def report(kernel_state: HMCState) -> tuple[State, HMCInfo]:
-        """The states and statistics of the last transitions."""
-        assert kernel_state.info is not None, "report() comes after advance()"
-        return kernel_state.state, kernel_state.info
+    def with_host_flags(kernel_state: HMCState, values: list[int]) -> HMCState:
+        """The kernel state as it is: static HMC reads nothing from the device."""
+        return kernel_state
 
     def draws(
         self, keys: torch.Tensor, counter: torch.Tensor, dim: int, dtype: torch.dtype
@@ -231,16 +233,23 @@ class HMC:
         keys: torch.Tensor,
         counter: torch.Tensor,
     ) -> tuple[State, HMCInfo]:
-        """One HMC transition of every chain.
+        """One HMC transition of every chain, for loops written by hand.
 
         Parameters
         ----------
-        state : current states, ``C`` chains.
+        state : current states, ``C`` chains (tensors, or NumPy arrays for the NumPy
+            engine; the step sizes in the same kind of arrays, the metric tensors).
         params : step sizes ``(C,)`` and metric.
         potential : the energy module.
         keys, counter : ``(C,)`` chain keys and transition numbers (random streams).
         """
-        draws = self.draws(keys, counter, state.position.shape[1], state.position.dtype)
+        position = state.position
+        if isinstance(position, np.ndarray):
+            dtype = torch.from_numpy(position[:0]).dtype
+            draws = as_arrays(self.draws(keys, torch.as_tensor(counter), position.shape[1], dtype))
+            params = Params(params.step_size, as_arrays(params.metric))
+        else:
+            draws = self.draws(keys, counter, position.shape[1], position.dtype)
         return self._transition(state, params, potential, draws)
 
     def _transition(

@@ -39,9 +39,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hmc.arrays import zeros
 from hmc.integrators import leapfrog
 from hmc.kernels import nuts_host
-from hmc.kernels.base import Params
+from hmc.kernels.base import Params, Step
 from hmc.metric import kinetic_energy_and_velocity, no_u_turn
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_from
@@ -264,7 +265,82 @@ class NUTS:
             host=(True,) * 6 + (chains,),
         )
 
-    def advance(
+    def step(
+        self,
+        kernel_state: NUTSState | nuts_host.HostNUTSState,
+        params: Params,
+        potential: Potential,
+        keys: torch.Tensor,
+        sampling: torch.Tensor,
+    ) -> tuple[NUTSState | nuts_host.HostNUTSState, Step]:
+        """One tick: every busy chain takes one leapfrog step.
+
+        ``sampling`` ``(C,)`` selects the sampling-phase depth cap for transitions that
+        start now. Returns the new kernel state and the :class:`~hmc.kernels.base.Step`:
+        the chains whose transition ended, with their draws and statistics, and the chains
+        that moved (arrays of the run's engine).
+        """
+        if isinstance(kernel_state, nuts_host.HostNUTSState):
+            return self._host_step(kernel_state, params, potential, keys, sampling)
+        ks, done = self._tick(kernel_state, params, potential, keys, sampling)
+        state, info = self._report(ks)
+        return ks, Step(done, state, info, ks.busy)
+
+    def transition(
+        self,
+        state: State,
+        params: Params,
+        potential: Potential,
+        keys: torch.Tensor,
+        counter: torch.Tensor,
+    ) -> tuple[State, NUTSInfo]:
+        """One NUTS transition of every chain from ``state`` (its arrays pick the engine),
+        for loops written by hand.
+
+        ``counter`` ``(C,)`` numbers each chain's transition: its random numbers come from
+        ``(keys[c], counter[c])``, so successive calls need successive counters. Returns
+        the new states and statistics, in the arrays of ``state``.
+        """
+        ks = self.init(state, 1)
+        first = [int(t) for t in counter.tolist()]
+        if isinstance(ks, nuts_host.HostNUTSState):
+            for chain, t in zip(ks.chains, first, strict=True):
+                chain.transition, chain.limit = t, t + 1
+        else:
+            counter = torch.as_tensor(first, device=ks.transition.device)
+            ks = ks._replace(transition=counter, limit=counter + 1)
+        result: tuple[State, NUTSInfo] | None = None
+        pending = len(first)
+        sampling = ~zeros(state.potential, (len(first),), "bool")  # the sampling depth cap
+        while pending:
+            ks, step = self.step(ks, params, potential, keys, sampling)
+            if not isinstance(ks, nuts_host.HostNUTSState):
+                ks = self.with_host_flags(ks, ks.flags.tolist())
+            finished = int(step.done.sum())
+            if finished:
+                new = (step.state, step.info)
+                result = new if result is None else where_rows(step.done, new, result)
+                pending -= finished
+        return result
+
+    def _host_step(
+        self,
+        ks: nuts_host.HostNUTSState,
+        params: Params,
+        potential: Potential,
+        keys: torch.Tensor,
+        sampling: np.ndarray,
+    ) -> tuple[nuts_host.HostNUTSState, Step]:
+        """:meth:`step` with each chain's tree on the host (the NumPy engine)."""
+        ks, done = nuts_host.advance(ks, params, potential, keys, sampling)
+        work = np.zeros(done.shape)
+        work[ks.moved] = 1.0
+        if not ks.finished:
+            return ks, Step(done, None, None, work)
+        state, stats = nuts_host.report(ks)
+        return ks, Step(done, state, NUTSInfo(**stats), work)
+
+    def _tick(
         self,
         kernel_state: NUTSState,
         params: Params,
@@ -272,15 +348,7 @@ class NUTS:
         keys: torch.Tensor,
         sampling: torch.Tensor,
     ) -> tuple[NUTSState, torch.Tensor]:
-        """One tick: every busy chain takes one leapfrog step.
-
-        ``sampling`` ``(C,)`` selects the sampling-phase depth cap for transitions that
-        start now. Returns the new kernel state and ``done`` ``(C,)``, the chains whose
-        transition ended (their draws and statistics come from :meth:`report`); NumPy
-        arrays with the NumPy engine.
-        """
-        if isinstance(kernel_state, nuts_host.HostNUTSState):
-            return nuts_host.advance(kernel_state, params, potential, keys, sampling)
+        """One tick of the batched trees: the new kernel state and ``done`` ``(C,)``."""
         ks = kernel_state
         any_start, any_doubling, _, all_start, all_doubling, all_busy, n_busy = ks.host
         tree_keys = ks.tree_keys if ks.keys is keys else stream_keys(keys, Stream.TREE)
@@ -345,12 +413,9 @@ class NUTS:
         return state, done
 
     @staticmethod
-    def report(kernel_state: NUTSState) -> tuple[State, NUTSInfo]:
-        """The draws and statistics of the transitions that ended in the last tick
-        (valid in the rows of the chains reported ``done``), in the run's engine."""
-        if isinstance(kernel_state, nuts_host.HostNUTSState):
-            state, stats = nuts_host.report(kernel_state)
-            return state, NUTSInfo(**stats)
+    def _report(kernel_state: NUTSState) -> tuple[State, NUTSInfo]:
+        """Every chain's last draw and the statistics of its last transition (valid in the
+        rows of the chains whose transition ended in the last tick)."""
         traj = kernel_state.trajectory
         n_steps = traj.n_steps
         energy = traj.sample.energy

@@ -119,8 +119,8 @@ class HostNUTSState:
         # momentum noise (C, _NOISE_BLOCK, D) of transitions noise_from[c] onwards
         self.noise: np.ndarray | None = None
         self.noise_from = [0] * len(chains)
-        self.host_done: list[int] = []  # the chains whose transition ended in the last tick
-        self.host_busy = 0  # the number of chains that took a leapfrog step in it
+        self.finished: list[int] = []  # the chains whose transition ended in the last tick
+        self.moved: list[int] = []  # the chains that took a leapfrog step in it
         # the last tick's busy chains, their leaves and their leapfrog's constants: the
         # next tick's edges when no chain started, turned or stopped in between
         self.last: _Edges | None = None
@@ -170,8 +170,8 @@ def advance(
     keys: torch.Tensor,
     sampling: torch.Tensor | np.ndarray,
 ) -> tuple[HostNUTSState, np.ndarray]:
-    """One tick (see :meth:`hmc.NUTS.advance`); returns the state and ``done`` ``(C,)``,
-    a NumPy bool array (the same chains as the list ``ks.host_done``)."""
+    """One tick (see :meth:`hmc.NUTS.step`); returns the state and ``done`` ``(C,)``,
+    a NumPy bool array (the same chains as the list ``ks.finished``)."""
     chains = ks.chains
     if ks.keys is not keys:
         ks.keys, ks.tree_keys = keys, stream_keys(keys, Stream.TREE).tolist()
@@ -184,7 +184,7 @@ def advance(
     if moved:
         _start(ks, keys, sampling)
     busy = [c for c, chain in enumerate(chains) if chain.in_flight]
-    ks.host_busy, ks.host_done = len(busy), []
+    ks.moved, ks.finished = busy, []
     if not busy:
         return ks, ks.nobody
     for c in busy:
@@ -207,7 +207,7 @@ def advance(
             chain.in_flight = False
             chain.starting = chain.transition < chain.limit
             finished.append(c)
-    ks.host_done = finished
+    ks.finished = finished
     if not finished:
         return ks, ks.nobody
     done = np.zeros(len(chains), dtype=bool)

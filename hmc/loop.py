@@ -1,0 +1,201 @@
+"""The sampling loop: every chain on its own iteration counter.
+
+Each kernel call advances the chains (one transition of every chain for static HMC, one
+leapfrog step of every busy chain for NUTS). A chain that completes a transition is
+recorded, adapted during its own warmup and moves on to its next iteration, whatever the
+other chains are doing; the loop ends when every chain has run ``warmup + draws``
+iterations. The loop keeps its counters on the host: with the NumPy engine it reads them
+off the arrays, with the torch engine it reads them from the device in one go per call,
+together with the kernel's ``flags`` (never per leapfrog step).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from hmc.adapt.schedule import WarmupSchedule
+from hmc.adapt.warmup import StepSizeSearch, WarmupState, warmup_update
+from hmc.kernels.base import Kernel, Step
+from hmc.potential import Potential
+from hmc.recorder import Recorder
+from hmc.state import Params, State
+
+__all__ = ["Run", "Timing", "run_chains"]
+
+
+class Run(NamedTuple):
+    """What the loop runs: the kernel, the energy module, the chain keys ``(C,)``, the
+    numbers of warmup and kept iterations, the warmup schedule (masks in the engine's
+    arrays), dual averaging's target, whether the metric adapts, and the step-size search
+    warmup calls after each metric update."""
+
+    kernel: Kernel
+    potential: Potential
+    keys: torch.Tensor
+    warmup: int
+    draws: int
+    schedule: WarmupSchedule
+    target_accept: float
+    adapt_metric: bool
+    search: StepSizeSearch
+
+
+class Timing(NamedTuple):
+    """Seconds until every chain left its warmup, and the fraction of chain-slots that did
+    leapfrog work while every chain was sampling."""
+
+    warmup_seconds: float
+    utilization: float
+
+
+class _Counts(NamedTuple):
+    """What the loop knows after a kernel call: whether any chain finished a transition
+    (any in its warmup, any at the end of a slow window), the transitions done so far (all
+    chains, and the fewest of one chain), the chains still in warmup, the leapfrog work
+    done in the call (chains' fractions summed) and the chains that had transitions left
+    at its start."""
+
+    any_done: bool
+    any_adapting: bool
+    any_window_end: bool
+    total_done: int
+    least: int
+    warming: int
+    work: float
+    alive: int
+
+
+def run_chains(
+    run: Run,
+    state: State,
+    params: Params,
+    warm: WarmupState | None,
+    recorder: Recorder,
+    bar: Any = None,
+) -> tuple[Params, Timing]:
+    """Run every chain from ``state`` through warmup and sampling, recording each
+    transition in ``recorder``. ``state``, the step sizes and ``warm`` are arrays of the
+    run's engine (the metric is tensors); ``warm`` is None when nothing adapts. Returns the
+    final kernel parameters and the timing."""
+    kernel, warmup = run.kernel, run.warmup
+    total = warmup + run.draws
+    chains = state.potential.shape[0]
+    kernel_state = kernel.init(state, total)
+    on_numpy = isinstance(state.potential, np.ndarray)
+    if on_numpy:
+        iteration = np.zeros(chains, dtype=np.int64)
+    else:
+        iteration = torch.zeros(chains, dtype=torch.int64, device=state.potential.device)
+    sampling = iteration >= warmup
+    counts = _Counts(False, False, False, 0, 0, chains if warmup > 0 else 0, 0.0, chains)
+    warmup_seconds, started = None, time.perf_counter()
+    useful = slots = 0.0
+    while counts.least < total:
+        was_warming, done_before = counts.warming, counts.total_done
+        kernel_state, step = kernel.step(kernel_state, params, run.potential, run.keys, sampling)
+        if on_numpy:
+            counts = _numpy_counts(run, step, iteration, counts)
+        else:
+            counts, flags = _device_counts(run, step, iteration, kernel_state.flags)
+            if flags:
+                kernel_state = kernel.with_host_flags(kernel_state, flags)
+        if counts.any_done:
+            recorder.write(step.done, iteration, step.state, step.info, params.step_size)
+            if counts.any_adapting and warm is not None:
+                warm, params = warmup_update(
+                    warm,
+                    params,
+                    run.schedule,
+                    step.done & (iteration < warmup),
+                    iteration,
+                    step.info.acceptance_rate,
+                    step.state,
+                    run.search,
+                    run.keys,
+                    run.target_accept,
+                    run.adapt_metric,
+                    counts.any_window_end,
+                )
+            iteration = iteration + step.done
+            sampling = iteration >= warmup
+        if counts.warming == 0 and warmup_seconds is None:
+            warmup_seconds = time.perf_counter() - started
+        if was_warming == 0:  # every chain was sampling during this call
+            useful += counts.work
+            slots += counts.alive
+        if bar is not None and counts.any_done:
+            bar.update(counts.total_done - done_before)
+            bar.set_postfix(divergences=int(recorder.divergences), refresh=False)
+    timing = Timing(warmup_seconds or 0.0, useful / slots if slots else 1.0)
+    return params, timing
+
+
+def _numpy_counts(run: Run, step: Step, iteration: np.ndarray, before: _Counts) -> _Counts:
+    """The loop's counters after a call with the NumPy engine (``iteration`` before the
+    chains that finished move on)."""
+    total = run.warmup + run.draws
+    work = float(step.work.sum())
+    alive = int(np.count_nonzero(iteration < total)) if before.any_done else before.alive
+    finished = np.flatnonzero(step.done)
+    if not finished.size:
+        return before._replace(
+            any_done=False, any_adapting=False, any_window_end=False, work=work, alive=alive
+        )
+    at = iteration[finished].tolist()
+    advanced = iteration + step.done
+    adapting = min(at) < run.warmup
+    return _Counts(
+        any_done=True,
+        any_adapting=adapting,
+        any_window_end=adapting and any(run.schedule.ends_window(i) for i in at),
+        total_done=before.total_done + finished.size,
+        least=int(advanced.min()),
+        warming=int(np.count_nonzero(advanced < run.warmup)),
+        work=work,
+        alive=alive,
+    )
+
+
+def _device_counts(
+    run: Run, step: Step, iteration: torch.Tensor, kernel_flags: torch.Tensor
+) -> tuple[_Counts, list[int]]:
+    """The loop's counters after a call with the torch engine, and the kernel's flags,
+    read from the device in one go."""
+    total, warmup = run.warmup + run.draws, run.warmup
+    done = step.done
+    advanced = iteration + done
+    window_end = run.schedule.window_end  # (warmup,)
+    if window_end.numel():
+        ends = done & window_end[iteration.clamp(0, window_end.numel() - 1)]
+        ends = ends & (iteration < warmup)
+    else:
+        ends = done & False
+    counters = torch.stack(
+        (
+            done.any(),
+            (done & (iteration < warmup)).any(),
+            ends.any(),
+            advanced.sum(),
+            advanced.min(),
+            (advanced < warmup).sum(),
+            (iteration < total).sum(),
+        )
+    )
+    parts = (counters, step.work.sum().unsqueeze(0), kernel_flags)
+    values = torch.cat([x.to(torch.float64) for x in parts]).tolist()  # exact below 2**53
+    any_done, any_adapting, any_end, total_done, least, warming, alive = map(int, values[:7])
+    counts = _Counts(
+        any_done=bool(any_done),
+        any_adapting=bool(any_adapting),
+        any_window_end=bool(any_end),
+        total_done=total_done,
+        least=least,
+        warming=warming,
+        work=values[7],
+        alive=alive,
+    )
+    return counts, [int(v) for v in values[8:]]

@@ -1,0 +1,141 @@
+"""The settings of a run: ``hmc.sample``'s arguments checked before any work starts.
+
+Every check names the argument and what was expected. The kernel given by name is made
+here, the seed drawn when none is given, and the progress bar's default decided.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import secrets
+import sys
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from hmc.arrays import engine_for
+from hmc.kernels.base import Kernel
+from hmc.kernels.hmc import HMC
+from hmc.kernels.nuts import NUTS
+from hmc.target import FlatTarget, Target
+
+__all__ = [
+    "KERNELS",
+    "METRICS",
+    "Settings",
+    "as_target",
+    "check_dense_memory",
+    "init_radius",
+    "validate",
+]
+
+METRICS = ("identity", "diag", "dense")
+KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS}
+
+
+class Settings(NamedTuple):
+    """The kernel to run, the seed (drawn when none was given), whether to show progress,
+    the chains' device and the run's engine (:func:`hmc.arrays.engine_for`)."""
+
+    kernel: Kernel
+    seed: int
+    progress: bool
+    device: torch.device
+    engine: str
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def validate(**kw: Any) -> Settings:
+    """Check ``hmc.sample``'s arguments (by name); raise naming the first bad one."""
+    for name, minimum in (("chains", 1), ("warmup", 0), ("draws", 1)):
+        value = kw[name]
+        if not _is_int(value) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    kernel = kw["kernel"]
+    if isinstance(kernel, str):
+        if kernel.lower() not in KERNELS:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS)} or a kernel, got {kernel!r}")
+        kernel = KERNELS[kernel.lower()]()
+    elif isinstance(kernel, type) or not (hasattr(kernel, "step") and hasattr(kernel, "init")):
+        raise TypeError(
+            f"kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS), got {kernel!r}"
+        )
+    if kw["metric"] not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {kw['metric']!r}")
+    target_accept = kw["target_accept"]
+    if not isinstance(target_accept, int | float) or not 0 < target_accept < 1:
+        raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
+    step = kw["step_size"]
+    if step is not None and (
+        not isinstance(step, int | float) or isinstance(step, bool) or not 0 < step < math.inf
+    ):
+        raise ValueError(f"step_size must be a positive finite number, got {step!r}")
+    if kw["dtype"] not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {kw['dtype']!r}")
+    seed = kw["seed"]
+    if seed is None:
+        seed = secrets.randbits(63)
+    elif not _is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if kw["dim"] is not None and (not _is_int(kw["dim"]) or kw["dim"] < 1):
+        raise ValueError(f"dim must be a positive integer, got {kw['dim']!r}")
+    if not isinstance(kw["save_warmup"], bool):
+        raise TypeError(f"save_warmup must be True or False, got {kw['save_warmup']!r}")
+    progress = kw["progress"]
+    if progress is None:
+        progress = sys.stderr.isatty() and not os.environ.get("CI")
+    device = torch.device(kw["device"]) if kw["device"] is not None else torch.device("cpu")
+    return Settings(kernel, int(seed), bool(progress), device, engine_for(device, kw["engine"]))
+
+
+def as_target(log_prob: Any, dim: int | None, batched: bool) -> Target:
+    if isinstance(log_prob, Target) and not callable(log_prob):
+        return log_prob
+    if hasattr(log_prob, "log_prob") and hasattr(log_prob, "posterior"):
+        return log_prob
+    if not callable(log_prob):
+        raise TypeError(
+            f"log_prob must be a callable or an hmc.Model, got {type(log_prob).__name__}"
+        )
+    return FlatTarget(log_prob, dim, batched)
+
+
+def init_radius(init: Any) -> float | None:
+    """The radius of random starts when ``init`` is a number, None otherwise."""
+    if isinstance(init, bool):
+        raise TypeError("init must be a tensor, a dict of values, or a radius (a number), got bool")
+    if not isinstance(init, numbers.Real):
+        return None
+    radius = float(init)
+    if not (math.isfinite(radius) and radius >= 0):
+        raise ValueError(
+            f"init as a number is the radius R of uniform(-R, R) starts and must be finite "
+            f"and >= 0, got {init!r}"
+        )
+    return radius
+
+
+def check_dense_memory(
+    metric: str, chains: int, dim: int, dtype: torch.dtype, device: torch.device
+) -> None:
+    if metric != "dense":
+        return
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    needed = 4 * chains * dim * dim * itemsize  # metric, Cholesky, estimate, workspace
+    if device.type == "cuda":
+        available = torch.cuda.mem_get_info(device)[0]
+    else:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > available // 2:
+        raise ValueError(
+            f"metric='dense' needs about {needed / 2**30:.1f} GiB for {chains} chains of "
+            f"dimension {dim} ({chains} x {dim} x {dim} matrices, several copies), more than "
+            f"half the {available / 2**30:.1f} GiB available; use metric='diag'"
+        )
