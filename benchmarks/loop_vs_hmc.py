@@ -175,24 +175,20 @@ def run_hmc(seed: int, draws: int = DRAWS) -> tuple[float, int, float, torch.Ten
 
 def breakdown(reps: int = 5, calls: int = 3000) -> list[tuple[str, float]]:
     """Median CPU µs per call of the layers between the floor and ``hmc.sample`` (one chain,
-    the host bookkeeping it runs), interleaved: where the time per leapfrog step goes."""
+    in the NumPy engine it runs on the CPU), interleaved: where the time per leapfrog step
+    goes."""
     import numpy as np
 
-    from hmc.integrators import leapfrog_numpy
-    from hmc.kernels.base import Params
-    from hmc.kernels.hmc import HMCDraws, HostParams
-    from hmc.metric import metric_from_inverse, to_numpy
+    from hmc._torch_compat import distribution_validation_off
+    from hmc.arrays import as_arrays
+    from hmc.kernels.hmc import HMCDraws
 
     potential = hmc.Potential(log_prob)
-    validating = torch.distributions.Distribution._validate_args
-    torch.distributions.Distribution.set_default_validate_args(False)  # as in a run
     q = INIT.numpy()[None].copy()
-    U, g = potential.value_and_grad_numpy(q)
+    U, g = potential.value_and_grad(q)
     p = np.array([[0.3, -0.2]])
-    metric = metric_from_inverse(torch.ones(1, 2, dtype=torch.float64))
-    host_metric = to_numpy(metric)
-    step_sizes = torch.full((1,), STEP_SIZE, dtype=torch.float64)
-    params = HostParams(Params(step_sizes, metric), host_metric, STEP_SIZE)
+    metric = as_arrays(hmc.metric_from_inverse(torch.ones(1, 2, dtype=torch.float64)))
+    params = hmc.Params(np.full(1, STEP_SIZE), metric)
     state = hmc.State(q, U, g)
     draws = HMCDraws(noise=p, accept=np.array([0.5]), steps=None)
     kernel = hmc.HMC(num_steps=NUM_STEPS)
@@ -220,31 +216,33 @@ def breakdown(reps: int = 5, calls: int = 3000) -> list[tuple[str, float]]:
         return pp - 0.5 * STEP_SIZE * gr.numpy()
 
     def potential_call():
-        return potential.value_and_grad_numpy(q)
+        return potential.value_and_grad(q)
 
     def leapfrog_call():
-        return leapfrog_numpy(q, g, p, STEP_SIZE, host_metric, potential)
+        return hmc.leapfrog(state, p, STEP_SIZE, metric, potential)
 
     def transition_call():
-        return kernel._host_transition(state, params, potential, draws)
+        # the transition a run makes, from random numbers drawn ahead (as the run draws
+        # them, a block of transitions at a time)
+        return kernel._transition(state, params, potential, draws)
 
     layers = {
         "floor: detach + requires_grad + energy + autograd.grad": (floor_grad, 1),
         "floor leapfrog step (loop-grad's inner loop body)": (floor_step, 1),
         "NumPy leapfrog step around autograd.grad of log_prob, no checks": (numpy_step, 1),
-        "hmc.Potential.value_and_grad_numpy (1 row)": (potential_call, 1),
-        "leapfrog_numpy (1 chain)": (leapfrog_call, 1),
-        "static HMC host transition / 10 (1 chain)": (transition_call, NUM_STEPS),
+        "hmc.Potential.value_and_grad, NumPy row (1 row)": (potential_call, 1),
+        "hmc.leapfrog, NumPy arrays (1 chain)": (leapfrog_call, 1),
+        "static HMC transition, NumPy engine / 10 (1 chain)": (transition_call, NUM_STEPS),
     }
     times: dict[str, list[float]] = {name: [] for name in layers}
-    for _ in range(reps):
-        for name, (fn, per) in layers.items():
-            n = max(1, calls // per)
-            t0 = time.process_time()
-            for _ in range(n):
-                fn()
-            times[name].append((time.process_time() - t0) / (n * per) * 1e6)
-    torch.distributions.Distribution.set_default_validate_args(validating)
+    with distribution_validation_off():  # as in a run
+        for _ in range(reps):
+            for name, (fn, per) in layers.items():
+                n = max(1, calls // per)
+                t0 = time.process_time()
+                for _ in range(n):
+                    fn()
+                times[name].append((time.process_time() - t0) / (n * per) * 1e6)
     return [(name, statistics.median(v)) for name, v in times.items()]
 
 
