@@ -19,7 +19,7 @@ results as it goes, so a run cut short keeps what it measured):
 2. **Host syncs.** ``torch.cuda.set_sync_debug_mode("warn")`` makes torch warn at every
    call that waits for the device (``.item()``, ``.tolist()``, a copy to the host,
    ``nonzero``...). The warnings of a whole ``hmc.sample`` run are counted, with the
-   number of kernel calls (``advance``: one leapfrog step of every chain for NUTS, one
+   number of kernel calls (``step``: one leapfrog step of every chain for NUTS, one
    transition for static HMC) and where each sync comes from.
 3. **Statistics at many chains.** NUTS with 4096 chains on the device: the mean and
    second moment of every coordinate of both Gaussians, and the 2-D cross moment, against
@@ -216,17 +216,17 @@ def count_syncs(device: str, target: str, kernel: str, chains: int, iterations: 
     calls = collections.Counter()
     kernel_obj = kernel_named(kernel)
     cls = type(kernel_obj)
-    original = cls.advance
+    original = cls.step
     seen: list[warnings.WarningMessage] = []
 
     def counted(self, *args, **kwargs):
-        calls["advance"] += 1
+        calls["step"] += 1
         before = len(seen)
         out = original(self, *args, **kwargs)
         calls["inside"] += len(seen) - before
         return out
 
-    cls.advance = counted
+    cls.step = counted
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -237,7 +237,7 @@ def count_syncs(device: str, target: str, kernel: str, chains: int, iterations: 
             seconds = time.perf_counter() - t0
     finally:
         torch.cuda.set_sync_debug_mode("default")
-        cls.advance = original
+        cls.step = original
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
     steps = int(dt["sample_stats"]["n_steps"].values.sum())
@@ -247,10 +247,10 @@ def count_syncs(device: str, target: str, kernel: str, chains: int, iterations: 
         "kernel": kernel,
         "chains": chains,
         "iterations": iterations,
-        "kernel_calls": calls["advance"],
+        "kernel_calls": calls["step"],
         "syncs_total": len(syncs),
         "syncs_inside_kernel_calls": calls["inside"],
-        "syncs_per_kernel_call": len(syncs) / max(1, calls["advance"]),
+        "syncs_per_kernel_call": len(syncs) / max(1, calls["step"]),
         "leapfrog_steps_per_chain_kept": steps / chains,
         "sync_sites": dict(where.most_common(12)),
         "seconds": seconds,
