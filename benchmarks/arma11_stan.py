@@ -59,8 +59,8 @@ def hmc_starts(seed: int, chains: int) -> list[dict[str, float]]:
     import torch
 
     import hmc.models
+    from hmc.initial import DEFAULT_INIT_RADIUS
     from hmc.random import Stream, chain_keys, uniform
-    from hmc.sampler import DEFAULT_INIT_RADIUS
 
     model = hmc.models.load("arma-arma11")
     keys = chain_keys(seed, torch.arange(chains))
