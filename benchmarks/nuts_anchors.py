@@ -273,6 +273,7 @@ def worker_hmc(target, chains, warmup, draws, seed):
         "mean_tree_depth": float(stats["tree_depth"].values.mean()),
         "chain_utilization": float(a["chain_utilization"]),
         "kernel": a["kernel"],
+        "engine": a["engine"],
     }
 
 

@@ -115,6 +115,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "posterior": name,
         "settings": {k: str(v) for k, v in options.items()},
         "kernel": dt.attrs.get("kernel"),
+        "engine": dt.attrs.get("engine"),
         "wall_s": wall,
         "cpu_s": cpu,
         "gradient_evaluations": int(dt.attrs["n_gradient_evaluations"]),
