@@ -8,6 +8,7 @@ this / other. Both trees' packages are imported from their own source folders, s
 comparison covers everything a user's call runs: driver, kernel, adaptation, recording.
 
     python benchmarks/against.py --against 66a3668 --reps 5 --out against.md
+    python benchmarks/against.py --against 66a3668 --reps 1 --only hmc   # a quick check
 """
 
 from __future__ import annotations
@@ -70,13 +71,14 @@ started = time.process_time()
 dt = hmc.sample(log_prob, dim=dim, chains=chains, warmup=warmup, draws=draws, seed=1,
                 kernel=kernel, progress=False, **options)
 seconds = time.process_time() - started
-print(json.dumps({"seconds": seconds, "gradients": dt.attrs["n_gradient_evaluations"]}))
+print(json.dumps({"seconds": seconds, "gradients": dt.attrs["n_gradient_evaluations"],
+                  "engine": dt.attrs.get("engine")}))
 """
 
 
-def run(source: Path, config: tuple) -> float:
+def run(source: Path, config: tuple) -> tuple[float, str | None]:
     """CPU µs per leapfrog step of a chain for one run of ``config`` with the package in
-    ``source``."""
+    ``source``, and the engine the run recorded (None for a tree without engines)."""
     env = dict(os.environ, PYTHONPATH=str(source), OMP_NUM_THREADS="1")
     out = subprocess.run(
         [sys.executable, "-c", WORKER, json.dumps(config)],
@@ -88,7 +90,7 @@ def run(source: Path, config: tuple) -> float:
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     chains = config[2]
-    return 1e6 * result["seconds"] / (result["gradients"] / chains)
+    return 1e6 * result["seconds"] / (result["gradients"] / chains), result.get("engine")
 
 
 def revision_tree(revision: str, folder: Path) -> Path:
@@ -111,12 +113,15 @@ def main(argv: list[str] | None = None) -> None:
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     lines = [
-        f"`python benchmarks/against.py --against {args.against} --reps {args.reps}` "
+        f"`python benchmarks/against.py --against {args.against} --reps {args.reps}"
+        + (f" --only {args.only}" if args.only else "")
+        + "` "
         f"(this tree at {head}, with uncommitted changes if any)",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine().items()) + ", one thread.",
         "",
-        "| kernel | target | chains | warmup + draws | engine | this (µs / step) | "
+        "| kernel | target | chains | warmup + draws | engine (recorded: this / other) | "
+        "this (µs / step) | "
         f"{args.against} (µs / step) | this / {args.against} |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -126,14 +131,17 @@ def main(argv: list[str] | None = None) -> None:
             if args.only and config[0] != args.only:
                 continue
             times: dict[str, list[float]] = {"this": [], "other": []}
+            engines: dict[str, str | None] = {}
             for rep in range(args.reps):
                 order = (("this", ROOT), ("other", other))
                 for name, source in order if rep % 2 == 0 else order[::-1]:
-                    times[name].append(run(source, config))
+                    us, engines[name] = run(source, config)
+                    times[name].append(us)
             this, before = (statistics.median(times[k]) for k in ("this", "other"))
             kernel, target, chains, warmup, draws, engine = config
             row = (
-                f"| {kernel} | {target} | {chains} | {warmup} + {draws} | {engine or 'default'} "
+                f"| {kernel} | {target} | {chains} | {warmup} + {draws} | "
+                f"{engine or 'default'} ({engines['this']} / {engines['other'] or '-'}) "
                 f"| {this:.1f} | "
                 f"{before:.1f} | {this / before:.2f} |"
             )
