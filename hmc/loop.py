@@ -4,9 +4,10 @@ Each kernel call advances the chains (one transition of every chain for static H
 leapfrog step of every busy chain for NUTS). A chain that completes a transition is
 recorded, adapted during its own warmup and moves on to its next iteration, whatever the
 other chains are doing; the loop ends when every chain has run ``warmup + draws``
-iterations. The loop keeps its counters on the host: with the NumPy engine it reads them
-off the arrays, with the torch engine it reads them from the device in one go per call,
-together with the kernel's ``flags`` (never per leapfrog step).
+iterations. The loop keeps its counters on the host: when the kernel knows on the host
+which chains finished (the NumPy engine, static HMC) it reads nothing from the device;
+otherwise (NUTS with the torch engine) it reads its counters from the device in one go per
+call, together with the kernel's ``flags``, never per leapfrog step.
 """
 
 from __future__ import annotations
@@ -55,9 +56,8 @@ class Timing(NamedTuple):
 class _Counts(NamedTuple):
     """What the loop knows after a kernel call: whether any chain finished a transition
     (any in its warmup, any at the end of a slow window), the transitions done so far (all
-    chains, and the fewest of one chain), the chains still in warmup, the leapfrog work
-    done in the call (chains' fractions summed) and the chains that had transitions left
-    at its start."""
+    chains, and the fewest of one chain), the chains still in warmup and the chains that
+    had transitions left at its start."""
 
     any_done: bool
     any_adapting: bool
@@ -65,7 +65,6 @@ class _Counts(NamedTuple):
     total_done: int
     least: int
     warming: int
-    work: float
     alive: int
 
 
@@ -85,20 +84,20 @@ def run_chains(
     total = warmup + run.draws
     chains = state.potential.shape[0]
     kernel_state = kernel.init(state, total)
-    on_numpy = isinstance(state.potential, np.ndarray)
-    if on_numpy:
-        iteration = np.zeros(chains, dtype=np.int64)
+    host_iteration = np.zeros(chains, dtype=np.int64)  # while the kernel reports on the host
+    if isinstance(state.potential, np.ndarray):
+        iteration = host_iteration
     else:
         iteration = torch.zeros(chains, dtype=torch.int64, device=state.potential.device)
     sampling = iteration >= warmup
-    counts = _Counts(False, False, False, 0, 0, chains if warmup > 0 else 0, 0.0, chains)
+    counts = _Counts(False, False, False, 0, 0, chains if warmup > 0 else 0, chains)
     warmup_seconds, started = None, time.perf_counter()
-    useful = slots = 0.0
+    useful = slots = 0.0  # useful becomes an array sum, read once at the end
     while counts.least < total:
         was_warming, done_before = counts.warming, counts.total_done
         kernel_state, step = kernel.step(kernel_state, params, run.potential, run.keys, sampling)
-        if on_numpy:
-            counts = _numpy_counts(run, step, iteration, counts)
+        if step.finished is not None:
+            counts = _host_counts(run, step.finished, host_iteration, counts)
         else:
             counts, flags = _device_counts(run, step, iteration, kernel_state.flags)
             if flags:
@@ -122,31 +121,40 @@ def run_chains(
                 )
             iteration = iteration + step.done
             sampling = iteration >= warmup
+            if isinstance(iteration, np.ndarray):
+                host_iteration = iteration
+            elif step.finished is not None:
+                host_iteration = _advanced(host_iteration, step.finished)
         if counts.warming == 0 and warmup_seconds is None:
             warmup_seconds = time.perf_counter() - started
         if was_warming == 0:  # every chain was sampling during this call
-            useful += counts.work
+            useful = useful + step.work.sum()
             slots += counts.alive
         if bar is not None and counts.any_done:
             bar.update(counts.total_done - done_before)
             bar.set_postfix(divergences=int(recorder.divergences), refresh=False)
-    timing = Timing(warmup_seconds or 0.0, useful / slots if slots else 1.0)
+    timing = Timing(warmup_seconds or 0.0, float(useful) / slots if slots else 1.0)
     return params, timing
 
 
-def _numpy_counts(run: Run, step: Step, iteration: np.ndarray, before: _Counts) -> _Counts:
-    """The loop's counters after a call with the NumPy engine (``iteration`` before the
-    chains that finished move on)."""
+def _advanced(iteration: np.ndarray, finished: np.ndarray) -> np.ndarray:
+    """``iteration`` ``(C,)`` with the chains ``finished`` moved on by one."""
+    iteration = iteration.copy()
+    iteration[finished] += 1
+    return iteration
+
+
+def _host_counts(run: Run, finished: np.ndarray, iteration: np.ndarray, before: _Counts) -> _Counts:
+    """The loop's counters after a call whose finished chains the kernel reported on the
+    host (``iteration`` ``(C,)`` before they move on)."""
     total = run.warmup + run.draws
-    work = float(step.work.sum())
     alive = int(np.count_nonzero(iteration < total)) if before.any_done else before.alive
-    finished = np.flatnonzero(step.done)
     if not finished.size:
         return before._replace(
-            any_done=False, any_adapting=False, any_window_end=False, work=work, alive=alive
+            any_done=False, any_adapting=False, any_window_end=False, alive=alive
         )
     at = iteration[finished].tolist()
-    advanced = iteration + step.done
+    advanced = _advanced(iteration, finished)
     adapting = min(at) < run.warmup
     return _Counts(
         any_done=True,
@@ -155,7 +163,6 @@ def _numpy_counts(run: Run, step: Step, iteration: np.ndarray, before: _Counts) 
         total_done=before.total_done + finished.size,
         least=int(advanced.min()),
         warming=int(np.count_nonzero(advanced < run.warmup)),
-        work=work,
         alive=alive,
     )
 
@@ -185,8 +192,7 @@ def _device_counts(
             (iteration < total).sum(),
         )
     )
-    parts = (counters, step.work.sum().unsqueeze(0), kernel_flags)
-    values = torch.cat([x.to(torch.float64) for x in parts]).tolist()  # exact below 2**53
+    values = torch.cat((counters, kernel_flags.to(counters))).tolist()
     any_done, any_adapting, any_end, total_done, least, warming, alive = map(int, values[:7])
     counts = _Counts(
         any_done=bool(any_done),
@@ -195,7 +201,6 @@ def _device_counts(
         total_done=total_done,
         least=least,
         warming=warming,
-        work=values[7],
         alive=alive,
     )
-    return counts, [int(v) for v in values[8:]]
+    return counts, values[7:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -15,15 +16,15 @@ from hmc.adapt import (
     dual_averaging_final,
     dual_averaging_init,
     dual_averaging_update,
-    find_reasonable_step_size,
     welford_covariance,
     welford_init,
     welford_update,
 )
-from hmc.adapt.warmup import warmup_init
+from hmc.adapt.warmup import warmup_init, warmup_update
 from hmc.kernels.base import Params
 from hmc.metric import metric_from_inverse
 from hmc.random import chain_keys
+from hmc.step_size_search import find_reasonable_step_size
 
 DTYPE = torch.float64
 
@@ -194,7 +195,7 @@ def test_reasonable_step_size_tracks_the_scale(scale):
     metric = metric_from_inverse(torch.ones(chains, 3, dtype=DTYPE))
     keys = chain_keys(0, torch.arange(chains))
     eps, counter = find_reasonable_step_size(
-        state, eps0, metric, potential, keys, torch.zeros(chains, dtype=torch.int64)
+        state, eps0, metric, keys, torch.zeros(chains, dtype=torch.int64), potential=potential
     )
     # a power of two times the start, of the order of the scale
     powers = torch.log2(eps)
@@ -213,7 +214,8 @@ def test_first_dual_averaging_shrinks_towards_ten_times_the_initial_step_size(st
     state = hmc.State(q, *potential.value_and_grad(q))
     initial = torch.tensor([1.0, 0.01, 30.0], dtype=DTYPE)
     params = Params(initial, metric_from_inverse(torch.ones(chains, 2, dtype=DTYPE)))
-    warm, tuned = warmup_init(state, params, potential, chain_keys(0, torch.arange(chains)), False)
+    search = functools.partial(find_reasonable_step_size, potential=potential)
+    warm, tuned = warmup_init(state, params, search, chain_keys(0, torch.arange(chains)), False)
     assert not torch.equal(tuned.step_size, initial)  # the heuristic moved every chain
     torch.testing.assert_close(warm.dual_averaging.mu, torch.log(10 * initial))
     torch.testing.assert_close(warm.dual_averaging.log_step_size, torch.log(tuned.step_size))
@@ -261,29 +263,23 @@ def test_warmup_reaches_the_target_acceptance(standard_normal):
 
 
 def test_numpy_engine_adaptation_matches_the_torch_one(standard_normal):
-    """The driver's NumPy-engine loop adapts in NumPy (and on tensors sharing that memory at a
+    """Warmup adapts in NumPy (and on tensors sharing that memory at a
     window end): over a whole warmup schedule, with chains finishing on their own
     iterations, it gives the tensor loop's step sizes, metric and estimates to rounding."""
-    from collections import namedtuple
 
     from hmc.arrays import as_arrays
-    from hmc.sampler import _Loop
 
     chains, dim, warmup = 3, 2, 150  # one slow window, (75, 99)
     potential = hmc.Potential(standard_normal, batched=True)
     keys = chain_keys(3, torch.arange(chains))
     schedule = build_schedule(warmup)
-    loop = _Loop(
-        kernel=None, potential=potential, keys=keys, warmup=warmup, draws=1,
-        schedule=schedule, host_schedule=as_arrays(schedule), target_accept=0.8,
-        adapt_metric=True, progress=False, engine="numpy",
-    )  # fmt: skip
-    Info = namedtuple("Info", "acceptance_rate")
+    search = functools.partial(find_reasonable_step_size, potential=potential)
+    host_schedule = as_arrays(schedule)
     q = torch.full((chains, dim), 0.3, dtype=DTYPE)
     unit = torch.ones(chains, dim, dtype=DTYPE)
     params = Params(torch.ones(chains, dtype=DTYPE), metric_from_inverse(unit))
     start = hmc.State(q, *potential.value_and_grad(q))
-    warm, params = warmup_init(start, params, potential, keys, False)
+    warm, params = warmup_init(start, params, search, keys, False)
     host_warm, host_params = as_arrays(warm), Params(params.step_size.numpy(), params.metric)
     iteration = torch.zeros(chains, dtype=torch.int64)
     rng = np.random.default_rng(0)
@@ -295,10 +291,13 @@ def test_numpy_engine_adaptation_matches_the_torch_one(standard_normal):
         accept = torch.from_numpy(rng.random(chains))
         window_ends = any(schedule.ends_window(int(i)) for i in iteration[done])
         ends += window_ends
-        warm, params = loop._adapt(warm, params, done, iteration, Info(accept), state, window_ends)
-        host_warm, host_params = loop._adapt(
-            host_warm, host_params, done.numpy(), iteration.numpy(), as_arrays(Info(accept)),
-            as_arrays(state), window_ends,
+        options = (search, keys, 0.8, True, window_ends)
+        warm, params = warmup_update(
+            warm, params, schedule, done, iteration, accept, state, *options
+        )
+        host_warm, host_params = warmup_update(
+            host_warm, host_params, host_schedule, done.numpy(), iteration.numpy(),
+            accept.numpy(), as_arrays(state), *options,
         )  # fmt: skip
         assert isinstance(host_params.step_size, np.ndarray)
         iteration = iteration + done

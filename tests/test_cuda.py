@@ -81,27 +81,27 @@ def _syncs(kernel, warmup: int, draws: int, step: float | None) -> tuple[int, in
     """(synchronizing calls in a 64-chain run, kernel calls, syncs inside kernel calls),
     counted by torch's sync debug mode."""
     cls = type(kernel)
-    original = cls.advance
-    calls = {"advance": 0, "inside": 0}
+    original = cls.step
+    calls = {"step": 0, "inside": 0}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
 
         def counted(self, *args, **kwargs):
-            calls["advance"] += 1
+            calls["step"] += 1
             before = len(caught)
             out = original(self, *args, **kwargs)
             calls["inside"] += sum("synchroniz" in str(w.message) for w in caught[before:])
             return out
 
-        cls.advance = counted
+        cls.step = counted
         torch.cuda.set_sync_debug_mode("warn")
         try:
             _run("cuda", kernel, _gauss2d_on_device(), 2, 64, warmup, draws, step)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-            cls.advance = original
+            cls.step = original
     syncs = sum("synchroniz" in str(w.message) for w in caught)
-    return syncs, calls["advance"], calls["inside"]
+    return syncs, calls["step"], calls["inside"]
 
 
 #: set-up and output: the starts' checks, the schedule's masks, copying the draws back

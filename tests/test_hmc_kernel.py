@@ -187,7 +187,7 @@ def test_proposal_into_zero_density_is_a_divergent_rejection():
     pytest.fail("no proposal crossed the wall")
 
 
-def test_advance_runs_each_chain_its_number_of_transitions():
+def test_step_runs_each_chain_its_number_of_transitions():
     potential = hmc.Potential(elementwise, batched=True)
     state = initial(potential, Q0)
     kernel = hmc.HMC(num_steps=3)
@@ -198,11 +198,11 @@ def test_advance_runs_each_chain_its_number_of_transitions():
     sampling = torch.ones(4, dtype=torch.bool)
     positions = []
     for call in range(3):
-        ks, done = kernel.advance(ks, p, potential, keys, sampling)
-        assert done.tolist() == [call < 2] * 4
-        new, info = kernel.report(ks)
-        positions.append(new.position)
-        assert info.n_steps.shape == (4,)
+        ks, step = kernel.step(ks, p, potential, keys, sampling)
+        assert step.done.tolist() == [call < 2] * 4
+        assert (step.state is None) == (call >= 2)  # nothing to report after the last
+        positions.append(ks.state.position)
+        assert call >= 2 or step.info.n_steps.shape == (4,)
     assert ks.transitions == 2
     assert not torch.equal(positions[0], Q0)  # step 0.5: mostly accepted
     assert torch.equal(positions[2], positions[1])  # no transitions left: no change
@@ -214,8 +214,8 @@ def test_advance_runs_each_chain_its_number_of_transitions():
 
 
 @pytest.mark.parametrize("num_steps", [None, 2])
-def test_advance_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
-    """advance() draws the random numbers of 64 transitions at a time; across a block
+def test_step_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
+    """step() draws the random numbers of 64 transitions at a time; across a block
     boundary its chain stays bit-identical to transition() with counters 0, 1, 2, ..."""
     potential = hmc.Potential(elementwise, batched=True)
     state = initial(potential, Q0)
@@ -226,11 +226,11 @@ def test_advance_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
     sampling = torch.ones(4, dtype=torch.bool)
     s = state
     for t in range(70):
-        ks, done = kernel.advance(ks, p, potential, keys, sampling)
+        ks, step = kernel.step(ks, p, potential, keys, sampling)
         s, info = kernel.transition(s, p, potential, keys, torch.full((4,), t))
-        assert done.all()
-        assert torch.equal(ks.state.position, s.position), t
-        assert torch.equal(kernel.report(ks)[1].n_steps, info.n_steps), t
+        assert step.done.all()
+        assert torch.equal(step.state.position, s.position), t
+        assert torch.equal(step.info.n_steps, info.n_steps), t
     assert ks.block is not None and ks.block.noise.shape[1] == 64
 
 
@@ -260,11 +260,9 @@ def test_both_engines_run_the_same_transitions(num_steps, dense, chains):
         engine_params = Params(in_engine(p.step_size, engine), p.metric)
         reports = []
         for _ in range(70):
-            ks, done = kernel.advance(
-                ks, engine_params, potential, keys, in_engine(sampling, engine)
-            )
-            assert done.all()
-            reports.append(kernel.report(ks))
+            ks, step = kernel.step(ks, engine_params, potential, keys, in_engine(sampling, engine))
+            assert step.done.all()
+            reports.append((step.state, step.info))
         runs[engine] = (reports, potential.evaluations)
     (tensor, tensor_count), (host, host_count) = runs["torch"], runs["numpy"]
     assert host_count == tensor_count
@@ -292,14 +290,14 @@ def test_numpy_engine_rejects_a_divergence_without_nan():
     keys, sampling = chain_keys(0, torch.arange(1)), np.ones(1, dtype=bool)
     diverged = 0
     for _ in range(40):
-        ks, _ = kernel.advance(
+        ks, step = kernel.step(
             ks,
             Params(np.array([0.5]), metric_from_inverse(torch.ones(1, 2, dtype=DTYPE))),
             potential,
             keys,
             sampling,
         )
-        state, info = kernel.report(ks)
+        state, info = step.state, step.info
         assert np.isfinite(state.potential).all() and not np.isnan(info.energy).any()
         if info.diverging[0]:
             diverged += 1

@@ -285,7 +285,7 @@ def test_host_trees_own_their_vectors():
     keys = chain_keys(0, torch.arange(chains))
     sampling = np.ones(chains, dtype=bool)
     for _ in range(40):  # deep trees at this step size: stacks several levels high
-        ks, _ = kernel.advance(ks, params, potential, keys, sampling)
+        ks, _ = kernel.step(ks, params, potential, keys, sampling)
     arrays = []
     for chain in ks.chains:
         records = [chain.edge, chain.other, chain.sample, *filter(None, chain.stack)]

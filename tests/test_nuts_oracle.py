@@ -53,11 +53,12 @@ def run_fast(kernel, log_prob, q0, step_size, inverse, seed, engine="torch"):
     sampling = in_engine(torch.ones(chains, dtype=torch.bool), engine)
     results = {}
     for _ in range(5000):
-        ks, done = kernel.advance(ks, params, potential, keys, sampling)
+        ks, step = kernel.step(ks, params, potential, keys, sampling)
+        done = step.done
         if engine == "torch":  # the driver reads the kernel's flags once per tick
             ks = kernel.with_host_flags(ks, ks.flags.tolist())
         if done.any():
-            state, info = map(as_tensors, kernel.report(ks))
+            state, info = map(as_tensors, (step.state, step.info))
             for c in np.flatnonzero(np.asarray(done)).tolist():
                 results[c] = (
                     state.position[c].clone(),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import xarray
-from conftest import diagonal_gaussian_log_prob, mcse_z_scores, z_bound
+from conftest import diagonal_gaussian_log_prob, in_engine, mcse_z_scores, z_bound
 
 import hmc
 
@@ -232,28 +232,6 @@ def test_same_seed_gives_bit_identical_output(kernel):
     )
 
 
-class _NotLockstep(hmc.HMC):
-    """Static HMC run through the driver's general loop (per-chain counters, one device
-    read per call) instead of its lockstep loop."""
-
-    synchronous = False
-
-
-@pytest.mark.parametrize("num_steps", [None, 3])
-def test_lockstep_loop_equals_the_general_loop(num_steps):
-    """The driver's host-counter loop for static HMC is an optimisation: the general loop
-    gives the same DataTree, bit for bit (warmup, its groups and the adaptation included),
-    also with more transitions than one block of random numbers (64)."""
-    options = dict(seed=8, save_warmup=True, warmup=70, draws=30)
-    options["engine"] = "torch"
-    fast = small_run(kernel=hmc.HMC(num_steps=num_steps), **options)
-    general = small_run(kernel=_NotLockstep(num_steps=num_steps), **options)
-    for name in ("sampling_time", "warmup_time", "total_time", "kernel", "kernel_settings"):
-        fast.attrs.pop(name), general.attrs.pop(name)
-    assert fast.attrs == general.attrs
-    assert_identical(fast, general)
-
-
 @pytest.mark.parametrize("num_steps", [None, 3])
 def test_static_hmc_gives_the_same_run_on_both_engines(num_steps):
     """With the NumPy engine the lockstep loop keeps step sizes and the adaptation in
@@ -279,40 +257,32 @@ def test_static_hmc_gives_the_same_run_on_both_engines(num_steps):
     assert not (step == step[:, :1]).all()  # the step sizes did adapt
 
 
-def test_recorder_writes_the_same_through_views_and_tensor_indexing():
-    """On the CPU the recorder writes through NumPy views of its buffers; on other
-    devices it indexes the tensors. Both record the same values in the same slots."""
-    from hmc.arrays import as_arrays, as_tensors
-    from hmc.kernels.base import Params
-    from hmc.metric import metric_from_inverse
-    from hmc.random import chain_keys
-    from hmc.sampler import _Recorder
+def test_recorder_keeps_each_chain_at_its_own_iteration(engine):
+    """Chains that finish at different iterations land in their own slots; chains not
+    done, and warmup iterations not kept, write nothing (the spare column takes them)."""
+    from collections import namedtuple
 
-    potential = hmc.Potential(ELEMENTWISE)
-    q = torch.tensor([[0.1, 0.2, 0.3], [1.0, -1.0, 0.5]], dtype=torch.float64)
-    state = hmc.State(q, *potential.value_and_grad(q))
-    kernel = hmc.HMC()
-    params = Params(
-        torch.tensor([0.4, 0.9], dtype=torch.float64),
-        metric_from_inverse(torch.ones(2, 3, dtype=torch.float64)),
-    )
-    views, indexing = (_Recorder(2, 2, 3, 3, False, kernel, state) for _ in range(2))
-    indexing.views = None
-    ks = kernel.init(as_arrays(state))
-    keys, sampling = chain_keys(0, torch.arange(2)), np.ones(2, dtype=bool)
-    host_params = Params(params.step_size.numpy(), params.metric)
-    for t in range(5):
-        ks, _ = kernel.advance(ks, host_params, potential, keys, sampling)
-        new_state, info = kernel.report(ks)  # NumPy arrays from the NumPy engine
-        views.write_slot(t, new_state, info, params.step_size)
-        # tensor indexing serves the torch engine, which reports tensors
-        indexing.write_slot(t, as_tensors(new_state), as_tensors(info), params.step_size)
-    assert torch.equal(views.positions, indexing.positions)
-    assert views.buffers.keys() == indexing.buffers.keys() == STAT_NAMES
-    for name, buffer in views.buffers.items():
-        assert torch.equal(buffer, indexing.buffers[name]), name
-    assert int(views.divergences) == int(indexing.divergences)
-    assert np.array_equal(views.positions[:, views.kept - 1].numpy(), new_state.position)  # t = 4
+    from hmc.recorder import Recorder
+
+    Info = namedtuple("Info", "diverging n_steps")
+    chains, dim, warmup, draws = 3, 2, 2, 3
+    position = torch.arange(chains * dim, dtype=torch.float64).reshape(chains, dim)
+    state = in_engine(hmc.State(position, -position.sum(-1), position), engine)
+    recorder = Recorder(chains, warmup, draws, dim, False, state.position)
+    iteration = in_engine(torch.tensor([1, 2, 4]), engine)  # warmup, first kept, last
+    done = in_engine(torch.tensor([True, True, False]), engine)
+    info = in_engine(Info(torch.tensor([True, True, True]), torch.tensor([3, 5, 7])), engine)
+    step_size = in_engine(torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64), engine)
+    recorder.write(done, iteration, state, info, step_size)
+    kept = recorder.draws(slice(0, draws))
+    assert kept.shape == (chains, draws, dim)
+    np.testing.assert_array_equal(kept[1, 0], position[1].numpy())
+    assert not kept[[0, 2]].any() and not kept[1, 1:].any()
+    stats = recorder.stats(slice(0, draws))
+    assert list(stats) == ["lp", "step_size", "diverging", "n_steps"]
+    assert stats["n_steps"].tolist() == [[0, 0, 0], [5, 0, 0], [0, 0, 0]]
+    assert stats["step_size"][1, 0] == 0.2 and stats["lp"][1, 0] == position[1].sum()
+    assert int(recorder.divergences) == 1  # chain 0's is in warmup, chain 2 not done
 
 
 def test_seed_none_is_random_and_recorded():
@@ -364,7 +334,7 @@ def test_zero_density_on_half_the_space():
     assert (np.abs(z) < z_bound(2)).all(), z
 
 
-@pytest.mark.parametrize("kernel", [hmc.HMC(num_steps=4), hmc.NUTS()])  # lockstep, asynchronous
+@pytest.mark.parametrize("kernel", [hmc.HMC(num_steps=4), hmc.NUTS()])
 def test_progress_bar_counts_the_draws_and_their_divergences(kernel, engine, capsys):
     """The bar ends at every chain's every iteration and shows the divergent draws kept
     (the wall of the half-space density makes some)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
 
 from hmc.potential import Potential
@@ -37,12 +38,17 @@ class Step(NamedTuple):
     state, info : their new states and transition statistics (ArviZ names), valid in the
         rows of ``done``; None when no chain finished and the kernel knows it.
     work : ``(C,)`` the fraction of this call's leapfrog steps in which each chain moved.
+    finished : the indices of the chains in ``done`` as a NumPy array, when the kernel
+        knows them on the host (the NumPy engine; static HMC, whose every call completes a
+        transition of every chain); None when only the device knows (the driver then reads
+        its counters from the device).
     """
 
     done: torch.Tensor
     state: State | None
     info: NamedTuple | None
     work: torch.Tensor
+    finished: np.ndarray | None
 
 
 class Kernel(Protocol):

@@ -86,6 +86,8 @@ class HMCState(NamedTuple):
         return isinstance(self.state.position, np.ndarray)
 
 
+_NO_CHAIN = np.zeros(0, dtype=np.int64)
+
 #: Random numbers of a block of transitions take at most this many values (C x B x D).
 BLOCK_VALUES = 1 << 22
 MAX_BLOCK = 64
@@ -155,7 +157,7 @@ class HMC:
         nothing."""
         ks = kernel_state
         if ks.transitions >= ks.limit:
-            return ks, Step(~ks.all_chains, None, None, ks.busy * 0)
+            return ks, Step(~ks.all_chains, None, None, ks.busy * 0, _NO_CHAIN)
         chains, dim = ks.state.position.shape
         dtype = params.metric.inverse.dtype
         block = ks.block
@@ -191,7 +193,7 @@ class HMC:
             metric,
             ks.flags,
         )
-        return ks, Step(ks.all_chains, new_state, info, busy)
+        return ks, Step(ks.all_chains, new_state, info, busy, np.arange(chains))
 
     @staticmethod
     def with_host_flags(kernel_state: HMCState, values: list[int]) -> HMCState:

@@ -284,7 +284,7 @@ class NUTS:
             return self._host_step(kernel_state, params, potential, keys, sampling)
         ks, done = self._tick(kernel_state, params, potential, keys, sampling)
         state, info = self._report(ks)
-        return ks, Step(done, state, info, ks.busy)
+        return ks, Step(done, state, info, ks.busy, None)
 
     def transition(
         self,
@@ -335,10 +335,11 @@ class NUTS:
         ks, done = nuts_host.advance(ks, params, potential, keys, sampling)
         work = np.zeros(done.shape)
         work[ks.moved] = 1.0
+        finished = np.array(ks.finished, dtype=np.int64)
         if not ks.finished:
-            return ks, Step(done, None, None, work)
+            return ks, Step(done, None, None, work, finished)
         state, stats = nuts_host.report(ks)
-        return ks, Step(done, state, NUTSInfo(**stats), work)
+        return ks, Step(done, state, NUTSInfo(**stats), work, finished)
 
     def _tick(
         self,
