@@ -191,3 +191,25 @@ def test_oracle_cases_cover_divergence_and_max_depth(engine):
     assert any(i["diverging"] for i in infos)
     assert any(i["reached_max_treedepth"] for i in infos)
     assert any(not i["diverging"] and not i["reached_max_treedepth"] for i in infos)
+
+
+def test_plain_transition_call_is_one_transition_of_each_chain(engine):
+    """NUTS.transition, the call for loops written by hand, runs each chain's transition
+    number ``counter`` to its end: the same transitions as the kernel's ticks (and so as
+    the oracle) for counter 0, other random numbers for counter 1."""
+    log_prob, dim = TARGETS["student_t"]
+    q0, step, inverse = random_cases(torch.Generator().manual_seed(5), 6, dim, (0.05, 1.0))
+    kernel = hmc.NUTS()
+    fast, keys, potential = run_fast(kernel, log_prob, q0, step, inverse, 2, engine)
+    state = in_engine(hmc.State(q0, *potential.value_and_grad(q0)), engine)
+    params = Params(in_engine(step, engine), metric_from_inverse(inverse))
+    for counter in (0, 1):
+        new, info = map(
+            as_tensors,
+            kernel.transition(state, params, potential, keys, torch.full((6,), counter)),
+        )
+        for c in range(6):
+            same = torch.equal(new.position[c], fast[c][0])
+            assert same == (counter == 0), (counter, c)
+            if counter == 0:
+                assert info.n_steps[c].item() == fast[c][1]["n_steps"]
