@@ -8,7 +8,7 @@ is divergent when ``H - H0`` exceeds ``max_energy_error`` (NaN counts as +inf), 
 and sticky; ``tree_depth`` counts the completed valid doublings; ``acceptance_rate``
 averages ``min(1, exp(H0 - H))`` over every leapfrog state computed.
 
-How it runs. Each call of :meth:`NUTS.advance` is one *tick*: every busy chain takes exactly
+How it runs. Each call of :meth:`NUTS.step` is one *tick*: every busy chain takes exactly
 one leapfrog step, with one batched energy call. The recursion of Stan's ``build_tree`` is
 replaced by a checkpoint stack with one slot per tree level: when leaf ``k`` of a subtree is
 computed, it closes the sub-subtrees whose last leaf it is (one per trailing one-bit of
