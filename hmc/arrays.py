@@ -1,20 +1,21 @@
 """The array engine of a run: NumPy on the CPU, torch on other devices.
 
-The sampler's own arithmetic (kernels, integrator, metric, adaptation, recording) is
-written once, against the functions NumPy and torch share (``where``, ``exp``, ``stack``,
-``cumsum``, indexing, ...), and runs on the arrays it is given. A run picks its engine once,
-from the device (:func:`engine_for`), and records it. On a CPU a NumPy operation on a small
-array costs about a microsecond and a torch operation several, so for the few hundred small
-operations of a NUTS tick NumPy is the faster engine at any number of chains; on an
-accelerator torch keeps every array on the device. The user's log density always receives
-torch tensors: on the CPU they share the NumPy arrays' memory, so nothing is copied.
+The sampler's own arithmetic (static HMC's transition, the integrator, the metric, the
+adaptation, the recorder, the loop) is written once, against the functions NumPy and torch
+share (``where``, ``exp``, indexing, ...), and runs on the arrays it is given. A run picks
+its engine once, from the device (:func:`engine_for`), never from the number of chains,
+and records it. On a CPU a NumPy operation on a small array costs about a microsecond and
+a torch operation several; on an accelerator torch keeps every array on the device. NUTS
+keeps each chain's tree on the host with the NumPy engine and batched trees with torch
+(:mod:`hmc.kernels.nuts_host`, :mod:`hmc.kernels.nuts`). The user's log density always
+receives torch tensors: on the CPU they share the NumPy arrays' memory, so nothing is
+copied.
 
-The few functions whose names or signatures differ between the two live here.
+The few functions whose names or signatures differ between the two live here, with the
+conversions between the two kinds of records.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -23,12 +24,8 @@ __all__ = [
     "ENGINES",
     "as_arrays",
     "as_tensors",
-    "astype_like",
-    "concatenate",
     "engine_for",
-    "logcumsumexp",
     "namespace",
-    "numpy_dtype",
     "to_float64",
     "to_int64",
     "zeros",
@@ -60,25 +57,6 @@ def namespace(x: Array):
     return np if isinstance(x, np.ndarray) else torch
 
 
-def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    """The NumPy dtype of a torch floating-point dtype."""
-    return {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32)}[dtype]
-
-
-def logcumsumexp(x: Array, axis: int) -> Array:
-    """``log(cumsum(exp(x)))`` along ``axis``, ``-inf`` where every term is."""
-    if isinstance(x, np.ndarray):
-        return np.logaddexp.accumulate(x, axis=axis)
-    return torch.logcumsumexp(x, dim=axis)
-
-
-def concatenate(arrays: Sequence[Array], axis: int) -> Array:
-    """``arrays`` joined along ``axis``."""
-    if isinstance(arrays[0], np.ndarray):
-        return np.concatenate(arrays, axis=axis)
-    return torch.cat(tuple(arrays), dim=axis)
-
-
 _KINDS = {"int": (np.int64, torch.int64), "bool": (np.bool_, torch.bool)}
 
 
@@ -103,13 +81,6 @@ def to_float64(x: Array) -> Array:
     if isinstance(x, np.ndarray):
         return x.astype(np.float64)
     return x.to(torch.float64)
-
-
-def astype_like(x: Array, like: Array) -> Array:
-    """``x`` converted to the dtype of ``like`` (same engine)."""
-    if isinstance(x, np.ndarray):
-        return x.astype(like.dtype, copy=False)
-    return x.to(like.dtype)
 
 
 def as_arrays(record):
