@@ -72,13 +72,13 @@ def run_chains(
     run: Run,
     state: State,
     params: Params,
-    warm: WarmupState | None,
+    adaptation: WarmupState | None,
     recorder: Recorder,
     bar: Any = None,
 ) -> tuple[Params, Timing]:
     """Run every chain from ``state`` through warmup and sampling, recording each
-    transition in ``recorder``. ``state``, the step sizes and ``warm`` are arrays of the
-    run's engine (the metric is tensors); ``warm`` is None when nothing adapts. Returns the
+    transition in ``recorder``. ``state``, the step sizes and ``adaptation`` are arrays of the
+    run's engine (the metric is tensors); ``adaptation`` is None when nothing adapts. Returns the
     final kernel parameters and the timing."""
     kernel, warmup = run.kernel, run.warmup
     total = warmup + run.draws
@@ -104,9 +104,9 @@ def run_chains(
                 kernel_state = kernel.with_host_flags(kernel_state, flags)
         if counts.any_done:
             recorder.write(step.done, iteration, step.state, step.info, params.step_size)
-            if counts.any_adapting and warm is not None:
-                warm, params = warmup_update(
-                    warm,
+            if counts.any_adapting and adaptation is not None:
+                adaptation, params = warmup_update(
+                    adaptation,
                     params,
                     run.schedule,
                     step.done & (iteration < warmup),

@@ -155,9 +155,9 @@ def sample(
     )
     search = functools.partial(find_reasonable_step_size, potential=potential)
     tuning_started = time.perf_counter()
-    warm = None
+    adaptation = None
     if warmup > 0 or step_size is None:
-        warm, params = warmup_init(state, params, search, keys, dense=metric == "dense")
+        adaptation, params = warmup_init(state, params, search, keys, dense=metric == "dense")
     run = Run(
         kernel=settings.kernel,
         potential=potential,
@@ -170,7 +170,7 @@ def sample(
         search=search,
     )
     if settings.engine == "numpy":  # the same records as NumPy arrays sharing their memory
-        state, warm = as_arrays(state), as_arrays(warm)
+        state, adaptation = as_arrays(state), as_arrays(adaptation)
         params = Params(params.step_size.numpy(), params.metric)  # the metric stays tensors
         run = run._replace(schedule=as_arrays(run.schedule))
     recorder = Recorder(chains, warmup, draws, dim, save_warmup, state.position)
@@ -179,7 +179,7 @@ def sample(
     # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy
     # there is a rejection or a divergence).
     with distribution_validation_off(), np.errstate(over="ignore", invalid="ignore"):
-        params, timing = run_chains(run, state, params, warm, recorder, bar)
+        params, timing = run_chains(run, state, params, adaptation, recorder, bar)
     if bar is not None:
         bar.close()
     finished = time.perf_counter()

@@ -73,12 +73,12 @@ def warmup_init(
     counter = torch.zeros_like(keys)
     step_size, counter = search(state, params.step_size, params.metric, keys, counter)
     da = dual_averaging_init(step_size, shrink_towards=params.step_size)
-    warm = WarmupState(da, welford_init(state.position, dense), counter)
-    return warm, Params(step_size, params.metric)
+    adaptation = WarmupState(da, welford_init(state.position, dense), counter)
+    return adaptation, Params(step_size, params.metric)
 
 
 def warmup_update(
-    warm: WarmupState,
+    adaptation: WarmupState,
     params: Params,
     schedule: WarmupSchedule,
     done: torch.Tensor,
@@ -101,21 +101,21 @@ def warmup_update(
     states. Returns the new adaptation state and kernel parameters.
     """
     if isinstance(done, np.ndarray) and window_ends:  # rare: run it on tensor views
-        warm, params = warmup_update(
-            *map(as_tensors, (warm, params, schedule, done, iteration, accept_stat, state)),
+        adaptation, params = warmup_update(
+            *map(as_tensors, (adaptation, params, schedule, done, iteration, accept_stat, state)),
             search,
             keys,
             target_accept,
             adapt_metric,
             window_ends,
         )
-        return as_arrays(warm), Params(params.step_size.numpy(), params.metric)
+        return as_arrays(adaptation), Params(params.step_size.numpy(), params.metric)
     xp = namespace(done)
     last = schedule.num_warmup - 1
     t = iteration.clip(0, last)
-    da = dual_averaging_update(warm.dual_averaging, accept_stat, done, target=target_accept)
+    da = dual_averaging_update(adaptation.dual_averaging, accept_stat, done, target=target_accept)
     step_size = xp.where(done, xp.exp(da.log_step_size), params.step_size)
-    metric, welford, counter = params.metric, warm.welford, warm.search_counter
+    metric, welford, counter = params.metric, adaptation.welford, adaptation.search_counter
     if adapt_metric and schedule.adapts_metric:
         in_window = schedule.in_window[t] & done
         welford = welford_update(welford, state.position, in_window)
