@@ -159,7 +159,7 @@ def _host_counts(run: Run, finished: np.ndarray, iteration: np.ndarray, before: 
     return _Counts(
         any_done=True,
         any_adapting=adapting,
-        any_window_end=adapting and any(run.schedule.ends_window(i) for i in at),
+        any_window_end=adapting and any(map(run.schedule.ends_window, set(at))),
         total_done=before.total_done + finished.size,
         least=int(advanced.min()),
         warming=int(np.count_nonzero(advanced < run.warmup)),
