@@ -56,8 +56,9 @@ class Timing(NamedTuple):
 class _Counts(NamedTuple):
     """What the loop knows after a kernel call: whether any chain finished a transition
     (any in its warmup, any at the end of a slow window), the transitions done so far (all
-    chains, and the fewest of one chain), the chains still in warmup and the chains that
-    had transitions left at its start."""
+    chains, and the fewest of one chain), the chains still in warmup, the chains that had
+    transitions left at its start, and the iteration every chain finished at when they all
+    finished at one (static HMC; None otherwise)."""
 
     any_done: bool
     any_adapting: bool
@@ -66,6 +67,7 @@ class _Counts(NamedTuple):
     least: int
     warming: int
     alive: int
+    common_iteration: int | None = None
 
 
 def run_chains(
@@ -103,7 +105,14 @@ def run_chains(
             if flags:
                 kernel_state = kernel.with_host_flags(kernel_state, flags)
         if counts.any_done:
-            recorder.write(step.done, iteration, step.state, step.info, params.step_size)
+            recorder.write(
+                step.done,
+                iteration,
+                step.state,
+                step.info,
+                params.step_size,
+                counts.common_iteration,
+            )
             if counts.any_adapting and adaptation is not None:
                 adaptation, params = warmup_update(
                     adaptation,
@@ -151,11 +160,17 @@ def _host_counts(run: Run, finished: np.ndarray, iteration: np.ndarray, before: 
     alive = int(np.count_nonzero(iteration < total)) if before.any_done else before.alive
     if not finished.size:
         return before._replace(
-            any_done=False, any_adapting=False, any_window_end=False, alive=alive
+            any_done=False,
+            any_adapting=False,
+            any_window_end=False,
+            alive=alive,
+            common_iteration=None,
         )
     at = iteration[finished].tolist()
     advanced = _advanced(iteration, finished)
-    adapting = min(at) < run.warmup
+    first, last = min(at), max(at)
+    adapting = first < run.warmup
+    common = first if first == last and len(at) == iteration.shape[0] else None
     return _Counts(
         any_done=True,
         any_adapting=adapting,
@@ -164,6 +179,7 @@ def _host_counts(run: Run, finished: np.ndarray, iteration: np.ndarray, before: 
         least=int(advanced.min()),
         warming=int(np.count_nonzero(advanced < run.warmup)),
         alive=alive,
+        common_iteration=common,
     )
 
 

@@ -58,23 +58,38 @@ class Recorder:
         state: State,
         info: NamedTuple,
         step_size: torch.Tensor,
+        common_iteration: int | None = None,
     ) -> None:
         """Record the chains ``done`` ``(C,)`` at their ``iteration`` ``(C,)``: their
         ``state``, the transition statistics ``info`` and the ``step_size`` ``(C,)`` they
-        ran with (rows of other chains are ignored)."""
+        ran with (rows of other chains are ignored). ``common_iteration``, when the caller
+        knows that every chain finished at that one iteration (static HMC), lets the write
+        be a column of each buffer."""
+        values = {"lp": -state.potential, "step_size": step_size, **info._asdict()}
+        if common_iteration is not None:
+            slot = common_iteration - self.offset
+            if 0 <= slot < self.kept:
+                self.positions[:, slot] = state.position
+                for name, value in values.items():
+                    self._buffer(name, value)[:, slot] = value
+                self.divergences = self.divergences + info.diverging.sum()
+            return
         xp = namespace(done)
         slot = iteration - self.offset
         keep = done & (slot >= 0) & (slot < self.kept)
         slot = xp.where(keep, slot, self.kept)  # the others write the spare column
         rows = self.rows
         self.positions[rows, slot] = state.position
-        values = {"lp": -state.potential, "step_size": step_size, **info._asdict()}
         for name, value in values.items():
-            buffer = self.buffers.get(name)
-            if buffer is None:
-                buffer = self.buffers[name] = zeros(value, (rows.shape[0], self.width))
-            buffer[rows, slot] = value
+            self._buffer(name, value)[rows, slot] = value
         self.divergences = self.divergences + (info.diverging & keep).sum()
+
+    def _buffer(self, name: str, like: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+        """The buffer of statistic ``name``, made on first use with the dtype of ``like``."""
+        buffer = self.buffers.get(name)
+        if buffer is None:
+            buffer = self.buffers[name] = zeros(like, (self.rows.shape[0], self.width))
+        return buffer
 
     def draws(self, window: slice) -> np.ndarray:
         """The positions of the kept iterations ``window`` ``(C, W, D)``, as NumPy."""
