@@ -267,8 +267,8 @@ class HMC:
 
         proposal, p = state, momentum
         if self.num_steps is not None:
-            if isinstance(step_size, np.ndarray) and (step_size == step_size[0]).all():
-                step_size = float(step_size[0])  # a number broadcasts faster than a column
+            if isinstance(step_size, np.ndarray) and (step_size == step_size[0, 0]).all():
+                step_size = float(step_size[0, 0])  # a number broadcasts faster than a column
             for _ in range(self.num_steps):
                 proposal, p = leapfrog(proposal, p, step_size, metric, potential)
         else:
