@@ -318,9 +318,10 @@ def _integrate_ragged(
     # counts[i] = number of chains taking at least i steps, from one read of the steps
     host_steps = np.asarray(steps) if isinstance(steps, np.ndarray) else steps.numpy(force=True)
     counts = np.bincount(host_steps, minlength=1)[::-1].cumsum()[::-1].tolist()
-    order = np.argsort(-host_steps, kind="stable")
-    if not isinstance(steps, np.ndarray):
-        order = torch.from_numpy(order).to(steps.device)
+    if isinstance(steps, np.ndarray):
+        order = np.argsort(-steps, kind="stable")
+    else:  # sorted on the device: a copy of the order from the host would wait for it
+        order = torch.argsort(steps, descending=True, stable=True)
     p_all = momentum
     chains = host_steps.shape[0]
     for i in range(1, len(counts)):

@@ -314,13 +314,14 @@ class NUTS:
         sampling = ~zeros(state.potential, (len(first),), "bool")  # the sampling depth cap
         while pending:
             ks, step = self.step(ks, params, potential, keys, sampling)
-            if not isinstance(ks, nuts_host.HostNUTSState):
-                ks = self.with_host_flags(ks, ks.flags.tolist())
-            finished = int(step.done.sum())
-            if finished:
+            if step.state is not None:
                 new = (step.state, step.info)
                 result = new if result is None else where_rows(step.done, new, result)
-                pending -= finished
+            if step.finished is not None:
+                pending -= step.finished.size
+            else:  # one read per tick: the flags, whose last entry counts the busy chains
+                flags = ks.flags.tolist()
+                ks, pending = self.with_host_flags(ks, flags), flags[-1]
         return result
 
     def _host_step(
