@@ -55,6 +55,7 @@ def sample(
     progress: bool | None = None,
     batched: bool = False,
     engine: str = "auto",
+    compile: bool | str = "auto",
 ) -> Any:
     """Draw from a log density with HMC or NUTS; return an ArviZ ``DataTree``.
 
@@ -134,19 +135,25 @@ def sample(
         dim=dim,
         device=device,
         engine=engine,
+        compile=compile,
     )
     device = settings.device
     target = as_target(log_prob, dim, batched)
-    potential = Potential(target.log_prob, batched=target.batched)
+    potential = Potential(target.log_prob, batched=target.batched, compile=settings.compile)
+    bar = _progress_bar(chains * (warmup + draws), settings.progress)
+    if bar is not None:
+        potential.on_compile = functools.partial(_show_compiling, bar)
     keys = chain_keys(settings.seed, torch.arange(chains, device=device))
 
     started = time.perf_counter()
     radius = init_radius(init)
     position = target.initial_positions(init, chains, dtype, device) if radius is None else None
     radius = DEFAULT_INIT_RADIUS if radius is None else radius
+    if position is not None or target.dim is not None:  # else initial_state says dim is needed
+        dim = position.shape[1] if position is not None else target.dim
+        check_dense_memory(metric, chains, dim, dtype, device)
     state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
     dim = state.position.shape[1]
-    check_dense_memory(metric, chains, dim, dtype, device)
 
     unit = torch.ones(chains, dim, dtype=dtype, device=device)
     params = Params(
@@ -174,7 +181,6 @@ def sample(
         params = Params(params.step_size.numpy(), params.metric)  # the metric stays tensors
         run = run._replace(schedule=as_arrays(run.schedule))
     recorder = Recorder(chains, warmup, draws, dim, save_warmup, state.position)
-    bar = _progress_bar(chains * (warmup + draws), settings.progress)
     # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
     # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy
     # there is a rejection or a divergence).
@@ -196,6 +202,9 @@ def sample(
         chain_utilization=timing.utilization,
         device=device,
         engine=settings.engine,
+        compiled=potential.compiled,
+        compile_time=potential.compile_seconds,
+        compile_note=potential.compile_note,
     )
     kept = slice(recorder.kept - draws, recorder.kept)
     draws_array = recorder.draws(kept)
@@ -225,3 +234,7 @@ def _progress_bar(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="draws", desc="sampling", mininterval=0.25, smoothing=0.1)
+
+
+def _show_compiling(bar: Any, compiling: bool) -> None:
+    bar.set_description("compiling" if compiling else "sampling", refresh=True)

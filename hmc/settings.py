@@ -21,9 +21,11 @@ from hmc.arrays import engine_for
 from hmc.kernels.base import Kernel
 from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
+from hmc.potential import COMPILE_CHOICES
 from hmc.target import FlatTarget, Target
 
 __all__ = [
+    "AUTO_COMPILE_ITERATIONS",
     "KERNELS",
     "METRICS",
     "Settings",
@@ -34,18 +36,25 @@ __all__ = [
 ]
 
 METRICS = ("identity", "diag", "dense")
+#: ``hmc.sample(compile="auto")`` compiles runs of at least this many iterations per chain
+#: (warmup + draws; the default run has 2,000): at that length the eager gradients of every
+#: built-in posterior take longer than compiling it (benchmarks/RESULTS.md, compiled
+#: energy). Shorter runs (tests, a quick look) stay eager.
+AUTO_COMPILE_ITERATIONS = 1000
 KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS}
 
 
 class Settings(NamedTuple):
     """The kernel to run, the seed (drawn when none was given), whether to show progress,
-    the chains' device and the run's engine (:func:`hmc.arrays.engine_for`)."""
+    the chains' device, the run's engine (:func:`hmc.arrays.engine_for`) and whether to
+    compile the energy (``compile="auto"`` decided by :data:`AUTO_COMPILE_ITERATIONS`)."""
 
     kernel: Kernel
     seed: int
     progress: bool
     device: torch.device
     engine: str
+    compile: bool
 
 
 def _is_int(value: Any) -> bool:
@@ -88,11 +97,18 @@ def validate(**kw: Any) -> Settings:
         raise ValueError(f"dim must be a positive integer, got {kw['dim']!r}")
     if not isinstance(kw["save_warmup"], bool):
         raise TypeError(f"save_warmup must be True or False, got {kw['save_warmup']!r}")
+    if not any(kw["compile"] is choice for choice in COMPILE_CHOICES):
+        raise ValueError(f"compile must be True, False or 'auto', got {kw['compile']!r}")
     progress = kw["progress"]
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     device = torch.device(kw["device"]) if kw["device"] is not None else torch.device("cpu")
-    return Settings(kernel, int(seed), bool(progress), device, engine_for(device, kw["engine"]))
+    compile = kw["compile"]
+    if compile == "auto":
+        compile = bool(kw["warmup"] + kw["draws"] >= AUTO_COMPILE_ITERATIONS)
+    return Settings(
+        kernel, int(seed), bool(progress), device, engine_for(device, kw["engine"]), compile
+    )
 
 
 def as_target(log_prob: Any, dim: int | None, batched: bool) -> Target:

@@ -79,6 +79,9 @@ def run_attrs(
     chain_utilization: float,
     device: torch.device,
     engine: str,
+    compiled: bool,
+    compile_time: float,
+    compile_note: str | None,
 ) -> dict[str, Any]:
     """The attrs of a run's DataTree (ArviZ's names where ArviZ has one)."""
     return {
@@ -97,6 +100,9 @@ def run_attrs(
         "torch_version": str(torch.__version__),
         "device": str(device),
         "engine": engine,
+        "compiled": compiled,
+        "compile_time": compile_time,
+        "compile_note": compile_note or "",
     }
 
 

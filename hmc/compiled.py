@@ -1,0 +1,189 @@
+"""The compiled energy: ``U(q)`` and its gradient for a batch of positions as one graph
+built by ``torch.compile``.
+
+What goes into the graph is everything between the positions ``(W, D)`` and the pair
+``U`` ``(W,)``, ``dU/dq`` ``(W, D)``: the user's log density, the ``torch.func.vmap``
+that batches a one-position function, an :class:`hmc.Model`'s constraining transforms,
+priors and log-Jacobians (they are inside ``Model.log_prob``), the negation, the reverse
+pass, and the replacement of a row whose value or gradient is not finite by ``U = +inf``
+and a zero gradient. Nothing of it is kept between calls: no graph, no tensor.
+
+**The reverse pass is traced into the graph.** ``torch.func.grad_and_value`` runs one
+reverse pass (``torch.func`` asks ``torch.autograd.grad`` for it while the graph is
+traced), so the compiled graph computes the value and the gradient in one call, with no
+autograd bookkeeping at run time. Calling ``torch.autograd.grad`` at run time on a
+compiled forward instead costs autograd's engine and the compiled backward's wrapper on
+every evaluation: on the eight schools with 4 chains, 178 microseconds against 41 for the
+traced pass (forward alone: 34). The eager energy module keeps its single
+``torch.autograd.grad``.
+
+**One batch shape, one graph per energy.** The graph is compiled for one width ``W``, the
+widest batch seen (in ``hmc.sample``, all its chains, at the initial points). A narrower
+batch (the chains still busy in a tick, a ragged static HMC step) is padded with copies of
+its first row and the padding is dropped from the result: a finite position evaluated
+once more and ignored. A wider batch compiles again for the new width. ``dynamic=False``
+keeps torch from guessing a symbolic batch size, so one run compiles once per dtype and
+device; each energy has a code object of its own, so the number of models compiled in a
+process is not bounded by torch's recompile limit.
+
+**Failure is not an error.** When compiling fails (no C++ compiler, an operation the
+compiler cannot handle) and the eager evaluation of the same positions works, the energy
+warns once, saying why, and is evaluated eagerly from then on. Graph breaks are allowed
+(``fullgraph=False``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+
+__all__ = ["CompiledEnergy"]
+
+Energy = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+#: Loggers that report, at warning level, things that are no fault of a CPU user's
+#: (a CUDA build of torch that finds no CUDA runtime while it looks for a compiler).
+_QUIET_LOGGERS = ("torch.utils.cpp_extension",)
+
+
+class CompiledEnergy:
+    """``torch.compile`` of a log density's energy and gradient at one batch width.
+
+    Parameters
+    ----------
+    log_prob : the user's log density, ``(D,) -> ()`` or, with ``batched``,
+        ``(C, D) -> (C,)``.
+    batched : whether ``log_prob`` takes a batch of positions.
+    mode : ``torch.compile``'s mode; ``None`` for its default. ``"reduce-overhead"`` (CUDA
+        graphs) returns tensors that the next call overwrites, so they are copied.
+
+    Attributes
+    ----------
+    width : the batch width the graph is compiled for (None before the first call).
+    seconds : wall time of the calls that compiled (the first call at each width).
+    failure : why compiling failed, or None.
+    """
+
+    def __init__(self, log_prob: Callable, batched: bool, mode: str | None = None) -> None:
+        self.width: int | None = None
+        self.seconds = 0.0
+        self.failure: str | None = None
+        self._copy_outputs = mode == "reduce-overhead"
+        self._function = torch.compile(
+            _own_code(energy_function(log_prob, batched)), dynamic=False, fullgraph=False, mode=mode
+        )
+
+    def __call__(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``U`` ``(B,)`` and ``dU/dq`` ``(B, D)`` at positions ``q`` ``(B, D)``, with
+        ``U = +inf`` and a zero gradient where either is not finite. Raises what
+        ``log_prob`` raises (a first call at a new width may raise the compiler's error:
+        :meth:`compile` tells the two apart)."""
+        rows = q.shape[0]
+        width = self.width
+        if width is None or rows > width:
+            return self._compile(q)
+        x = q if rows == width else torch.cat((q, q[:1].expand(width - rows, -1)))
+        U, grad = self._function(x)
+        if self._copy_outputs:
+            U, grad = U.clone(), grad.clone()
+        return (U, grad) if rows == width else (U[:rows], grad[:rows])
+
+    def compile(self, q: torch.Tensor, eager: Energy) -> bool:
+        """Compile for the width of ``q`` ``(W, D)`` by evaluating it once. If that fails
+        and ``eager(q)`` works, record why in :attr:`failure`, warn once and return False;
+        if both fail, raise the eager error (the density's own trouble at ``q``)."""
+        try:
+            self(q)
+        except Exception as error:  # any compiler failure means eager
+            eager(q)  # raises when the density itself fails here
+            self.failure = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+            warnings.warn(
+                f"could not compile log_prob ({self.failure}); evaluating it eagerly. "
+                "Pass compile=False to skip the attempt.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        return True
+
+    def _compile(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.width = q.shape[0]
+        started = time.perf_counter()
+        try:
+            with _quiet(_QUIET_LOGGERS), warnings.catch_warnings():
+                # torch's own deprecations inside its compiler are no news to a user
+                warnings.filterwarnings("ignore", category=FutureWarning, module="torch")
+                U, grad = self._function(q)
+        except Exception:
+            self.width = None
+            raise
+        finally:
+            self.seconds += time.perf_counter() - started
+        if self._copy_outputs:
+            U, grad = U.clone(), grad.clone()
+        return U, grad
+
+
+def energy_function(log_prob: Callable, batched: bool) -> Energy:
+    """The eager function that is compiled: ``(W, D)`` positions to ``U`` ``(W,)`` and
+    ``dU/dq`` ``(W, D)``, non-finite rows replaced by ``+inf`` and zeros."""
+    if batched:
+
+        def total_energy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            U = -log_prob(x)
+            return U.sum(), U
+
+        grad_and_total = torch.func.grad_and_value(total_energy, has_aux=True)
+
+        def energy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            grad, (_, U) = grad_and_total(x)
+            return _finite(U, grad)
+
+        return energy
+
+    batch = torch.func.vmap(torch.func.grad_and_value(lambda q: -log_prob(q)))
+
+    def energy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        grad, U = batch(x)
+        return _finite(U, grad)
+
+    return energy
+
+
+def _own_code(function: Callable) -> Callable:
+    """``function`` with a code object of its own. torch keeps compiled graphs per code
+    object and compiles one code object at most ``recompile_limit`` (8) times: without a
+    copy, every energy made in a process would share ``energy``'s code, and the ninth model
+    sampled would fall back to eager with torch's recompile warning."""
+    return types.FunctionType(
+        function.__code__.replace(),
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
+
+
+def _finite(U: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    finite = torch.isfinite(U + grad.sum(-1))
+    return torch.where(finite, U, torch.inf), torch.where(finite.unsqueeze(-1), grad, 0.0)
+
+
+@contextlib.contextmanager
+def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+    """Raise the given loggers to error level for a block."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
