@@ -116,6 +116,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "settings": {k: str(v) for k, v in options.items()},
         "kernel": dt.attrs.get("kernel"),
         "engine": dt.attrs.get("engine"),
+        "energy": "compiled" if dt.attrs.get("compiled") else "eager",
+        "compile_s": float(dt.attrs.get("compile_time", 0.0)),
         "wall_s": wall,
         "cpu_s": cpu,
         "gradient_evaluations": int(dt.attrs["n_gradient_evaluations"]),
@@ -206,11 +208,14 @@ def markdown(records: dict[str, dict[str, Any]]) -> str:
         "rank-normalised split R-hat.",
         f"- Pass: every mean |z| below the bound and every sd within {SD_TOLERANCE:.0%}.",
         "- finished: when the run ended (UTC). Each row ran with the package of the commit "
-        "that added its line to `posteriordb-results.jsonl`.",
+        "that added its line to `posteriordb-results.jsonl`. energy: whether the run's energy "
+        "was compiled (`hmc.sample`'s default for runs this long since the compiled energy "
+        "landed; earlier rows ran eagerly), with the compile time, included in wall.",
         "",
         "| posterior | dim | max \\|z\\| (bound) | sd err | q \\|z\\| | min ESS bulk / tail "
-        "| max R-hat | divergences | grad evals | wall / CPU s | finished | pass | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| max R-hat | divergences | grad evals | energy | wall / CPU s | finished | pass "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     passed_count = 0
     default_runs = {r["posterior"] for r in records.values() if r["posterior"] == row_name(r)}
@@ -226,7 +231,7 @@ def markdown(records: dict[str, dict[str, Any]]) -> str:
             f"({bound:.2f}) | {worst_sd:+.3f} | {q:.2f} "
             f"| {min(c.ess_bulk for c in checks):.0f} / {min(c.ess_tail for c in checks):.0f} "
             f"| {max(c.rhat for c in checks):.3f} | {record['divergences']} "
-            f"| {record['gradient_evaluations']:,} "
+            f"| {record['gradient_evaluations']:,} | {energy(record)} "
             f"| {record['wall_s']:.0f} / {record['cpu_s']:.0f} "
             f"| {record.get('finished', '')[:16].replace('T', ' ')} "
             f"| {'pass' if passed else 'FAIL'} | {note.replace('|', r'\|')} |"
@@ -239,6 +244,13 @@ def markdown(records: dict[str, dict[str, Any]]) -> str:
     if missing:
         lines.append(f"Not run: {', '.join(missing)}.")
     return "\n".join(lines) + "\n"
+
+
+def energy(record: dict[str, Any]) -> str:
+    """How a row's energy ran: eager, or compiled with its compile time."""
+    if record.get("energy") != "compiled":
+        return "eager"
+    return f"compiled ({record['compile_s']:.0f} s)"
 
 
 def row_name(record: dict[str, Any]) -> str:
