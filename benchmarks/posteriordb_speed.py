@@ -14,8 +14,10 @@ draws, seed 1) three ways, each in a process of its own, one after another:
   ``requirements-anchors.txt``).
 
 Columns: seconds to the end including start-up (the worker process's whole life: imports,
-compile, sampling), the compile time apart, gradients (leapfrog steps, all chains),
-microseconds per chain-gradient (sampling time without the compile over gradients), the
+compile, sampling), the compile time apart, gradients (leapfrog steps, all chains, warmup
+included; pystan reports Stan's for the kept draws only, so Stan's column counts those and
+has no per-gradient time), microseconds per chain-gradient (sampling time without the
+compile over gradients), the
 smallest bulk ESS over posteriordb's reported parameters, and that ESS per second of the
 whole run.
 
@@ -162,10 +164,15 @@ def markdown(records: list[dict[str, Any]]) -> str:
     ]
     for r in records:
         sampling = r["sample_s"] - r["compile_s"]
+        if r["sampler"] == "stan":  # pystan returns the kept draws' statistics only
+            gradients, per_gradient = f"{r['gradients']:,} (draws only)", "-"
+        else:
+            gradients = f"{r['gradients']:,}"
+            per_gradient = f"{sampling / r['gradients'] * 1e6:.1f}"
         lines.append(
-            f"| {r['posterior']} | {r['sampler']}{'' if r['compiled'] else ' (eager)'} "
-            f"| {r['total_s']:.1f} | {r['compile_s']:.1f} | {r['gradients']:,} "
-            f"| {sampling / r['gradients'] * 1e6:.1f} | {r['min_ess_bulk']:.0f} "
+            f"| {r['posterior']} | {r['sampler']} "
+            f"| {r['total_s']:.1f} | {r['compile_s']:.1f} | {gradients} "
+            f"| {per_gradient} | {r['min_ess_bulk']:.0f} "
             f"| {r['min_ess_bulk'] / r['total_s']:.1f} | {r['divergences']} |"
         )
     header = (
