@@ -60,20 +60,24 @@ class CompiledEnergy:
     log_prob : the user's log density, ``(D,) -> ()`` or, with ``batched``,
         ``(C, D) -> (C,)``.
     batched : whether ``log_prob`` takes a batch of positions.
+    width : the batch width to compile for (a wider batch later widens it).
     mode : ``torch.compile``'s mode; ``None`` for its default. ``"reduce-overhead"`` (CUDA
         graphs) returns tensors that the next call overwrites, so they are copied.
 
     Attributes
     ----------
-    width : the batch width the graph is compiled for (None before the first call).
+    width : the batch width the graph is compiled for.
     seconds : wall time of the calls that compiled (the first call at each width).
     failure : why compiling failed, or None.
     """
 
-    def __init__(self, log_prob: Callable, batched: bool, mode: str | None = None) -> None:
-        self.width: int | None = None
+    def __init__(
+        self, log_prob: Callable, batched: bool, width: int, mode: str | None = None
+    ) -> None:
+        self.width = width
         self.seconds = 0.0
         self.failure: str | None = None
+        self._compiled_width = 0  # the width of the graph torch holds (0: none yet)
         self._copy_outputs = mode == "reduce-overhead"
         self._function = torch.compile(
             _own_code(energy_function(log_prob, batched)), dynamic=False, fullgraph=False, mode=mode
@@ -81,23 +85,25 @@ class CompiledEnergy:
 
     def __call__(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``U`` ``(B,)`` and ``dU/dq`` ``(B, D)`` at positions ``q`` ``(B, D)``, with
-        ``U = +inf`` and a zero gradient where either is not finite. Raises what
-        ``log_prob`` raises (a first call at a new width may raise the compiler's error:
+        ``U = +inf`` and a zero gradient where either is not finite; ``q`` is padded to
+        :attr:`width` with copies of its first row, and the padding dropped. Raises what
+        ``log_prob`` raises (a call that compiles may raise the compiler's error:
         :meth:`compile` tells the two apart)."""
         rows = q.shape[0]
-        width = self.width
-        if width is None or rows > width:
-            return self._compile(q)
+        self.width = width = max(self.width, rows)
         x = q if rows == width else torch.cat((q, q[:1].expand(width - rows, -1)))
-        U, grad = self._function(x)
+        if width == self._compiled_width:
+            U, grad = self._function(x)
+        else:
+            U, grad = self._compile(x)
         if self._copy_outputs:
             U, grad = U.clone(), grad.clone()
         return (U, grad) if rows == width else (U[:rows], grad[:rows])
 
     def compile(self, q: torch.Tensor, eager: Energy) -> bool:
-        """Compile for the width of ``q`` ``(W, D)`` by evaluating it once. If that fails
-        and ``eager(q)`` works, record why in :attr:`failure`, warn once and return False;
-        if both fail, raise the eager error (the density's own trouble at ``q``)."""
+        """Compile by evaluating ``q`` ``(B, D)`` once. If that fails and ``eager(q)``
+        works, record why in :attr:`failure`, warn once and return False; if both fail,
+        raise the eager error (the density's own trouble at ``q``)."""
         try:
             self(q)
         except Exception as error:  # any compiler failure means eager
@@ -112,21 +118,17 @@ class CompiledEnergy:
             return False
         return True
 
-    def _compile(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.width = q.shape[0]
+    def _compile(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first call at the width of ``x``, which compiles (timed, torch's log noise
+        and its own deprecation warnings kept from the user)."""
         started = time.perf_counter()
         try:
             with _quiet(_QUIET_LOGGERS), warnings.catch_warnings():
-                # torch's own deprecations inside its compiler are no news to a user
                 warnings.filterwarnings("ignore", category=FutureWarning, module="torch")
-                U, grad = self._function(q)
-        except Exception:
-            self.width = None
-            raise
+                U, grad = self._function(x)
         finally:
             self.seconds += time.perf_counter() - started
-        if self._copy_outputs:
-            U, grad = U.clone(), grad.clone()
+        self._compiled_width = x.shape[0]
         return U, grad
 
 

@@ -14,6 +14,12 @@ Numerical trouble never escapes as NaN: a row whose value or gradient is not fin
 A log density that raises in the middle of a run (a failed Cholesky, say) is evaluated row
 by row and the rows that raise get ``U = +inf`` too (with one warning naming the error).
 
+The gradient of ``U`` is asked of autograd directly: ``log p`` is differentiated with a
+cotangent of ``-1`` for each row, so neither a negation nor a sum is recorded in the graph,
+and autograd makes no cotangent of ones. Scaling by ``-1`` is exact, so this is the same
+gradient, bit for bit. The cotangent is kept between calls; a gradient that autograd
+returns as a view of it (a density linear in the position) is copied.
+
 ``compile=`` evaluates the energy through :class:`hmc.compiled.CompiledEnergy`, one graph
 for value and gradient built by ``torch.compile`` (that module says what is in it and why
 its reverse pass is traced rather than asked of ``autograd.grad`` at run time). ``True``
@@ -151,11 +157,11 @@ class Potential:
     def _value_and_grad[A: (torch.Tensor, np.ndarray)](self, q: A) -> tuple[A, A]:
         if isinstance(q, np.ndarray):
             if q.ndim != 2:
-                U, grad = self.value_and_grad(torch.from_numpy(q))
+                U, grad = self._value_and_grad(torch.from_numpy(q))
                 return U.numpy(), grad.numpy()
             return self._value_and_grad_arrays(q)
         if q.dim() == 1:
-            U, grad = self.value_and_grad(q.unsqueeze(0))
+            U, grad = self._value_and_grad(q.unsqueeze(0))
             return U[0], grad[0]
         if q.dim() != 2:
             raise ValueError(f"q must have shape (C, D) or (D,), got {tuple(q.shape)}")
@@ -176,7 +182,7 @@ class Potential:
         pass.
         """
         if self.cache is not None or self.compiled or not (self.batched or q.shape[0] == 1):
-            U, grad = self.value_and_grad(torch.from_numpy(q))
+            U, grad = self._value_and_grad(torch.from_numpy(q))
             return U.numpy(), grad.numpy()
         if validation_enabled():  # called outside a sampler run
             with distribution_validation_off():
@@ -275,17 +281,19 @@ class Potential:
         return torch.stack([self.log_prob(row) for row in x.unbind(0)])
 
     def _compile_now(self, q: torch.Tensor | np.ndarray) -> None:
-        """Compile for the widest batch seen, from the positions ``q`` (their first row
-        pads them to that width). Afterwards ``_compile`` is True or False for good, unless
-        the density itself fails at ``q`` (then the next evaluation tries again)."""
+        """Compile for the widest batch seen, from the positions ``q``. Afterwards
+        ``_compile`` is True or False for good, unless the density itself fails at ``q``
+        (then the next evaluation tries again)."""
         x = torch.as_tensor(q).detach()
         x = x.reshape(-1, x.shape[-1])
-        x = torch.cat((x, x[:1].expand(max(self._widest - x.shape[0], 0), -1)))
         if self.on_compile is not None:
             self.on_compile(True)
         started = time.perf_counter()
         graph = CompiledEnergy(
-            self.log_prob, self.batched, "reduce-overhead" if x.device.type == "cuda" else None
+            self.log_prob,
+            self.batched,
+            max(self._widest, x.shape[0]),
+            "reduce-overhead" if x.device.type == "cuda" else None,
         )
         try:
             with distribution_validation_off():
