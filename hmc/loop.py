@@ -18,8 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from hmc.adapt.schedule import WarmupSchedule
-from hmc.adapt.warmup import StepSizeSearch, WarmupState, warmup_update
+from hmc.adapt.warmup import StanWarmup, WarmupState
 from hmc.kernels.base import Kernel, Step
 from hmc.potential import Potential
 from hmc.recorder import Recorder
@@ -30,19 +29,15 @@ __all__ = ["Run", "Timing", "run_chains"]
 
 class Run(NamedTuple):
     """What the loop runs: the kernel, the energy module, the chain keys ``(C,)``, the
-    numbers of warmup and kept iterations, the warmup schedule (masks in the engine's
-    arrays), dual averaging's target, whether the metric adapts, and the step-size search
-    warmup calls after each metric update."""
+    numbers of warmup and kept iterations, and the warmup's adapter (its schedule's masks
+    in the engine's arrays)."""
 
     kernel: Kernel
     potential: Potential
     keys: torch.Tensor
     warmup: int
     draws: int
-    schedule: WarmupSchedule
-    target_accept: float
-    adapt_metric: bool
-    search: StepSizeSearch
+    adapter: StanWarmup
 
 
 class Timing(NamedTuple):
@@ -114,20 +109,20 @@ def run_chains(
                 counts.common_iteration,
             )
             if counts.any_adapting and adaptation is not None:
-                adaptation, params = warmup_update(
+                adapter = run.adapter
+                adaptation, params = adapter.update(
                     adaptation,
                     params,
-                    run.schedule,
                     step.done & (iteration < warmup),
                     iteration,
                     step.info.acceptance_rate,
                     step.state,
-                    run.search,
                     run.keys,
-                    run.target_accept,
-                    run.adapt_metric,
                     counts.any_window_end,
                 )
+                if counts.warming < was_warming:  # some chains left their warmup
+                    leaving = step.done & (iteration == warmup - 1)
+                    params = adapter.final(adaptation, params, leaving)
             iteration = iteration + step.done
             sampling = iteration >= warmup
             if isinstance(iteration, np.ndarray):
@@ -174,7 +169,7 @@ def _host_counts(run: Run, finished: np.ndarray, iteration: np.ndarray, before: 
     return _Counts(
         any_done=True,
         any_adapting=adapting,
-        any_window_end=adapting and any(map(run.schedule.ends_window, set(at))),
+        any_window_end=adapting and any(map(run.adapter.schedule.ends_window, set(at))),
         total_done=before.total_done + finished.size,
         least=int(advanced.min()),
         warming=int(np.count_nonzero(advanced < run.warmup)),
@@ -191,7 +186,7 @@ def _device_counts(
     total, warmup = run.warmup + run.draws, run.warmup
     done = step.done
     advanced = iteration + done
-    window_end = run.schedule.window_end  # (warmup,)
+    window_end = run.adapter.schedule.window_end  # (warmup,)
     if window_end.numel():
         ends = done & window_end[iteration.clamp(0, window_end.numel() - 1)]
         ends = ends & (iteration < warmup)

@@ -8,6 +8,7 @@ them together.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import torch
 
 from hmc._torch_compat import distribution_validation_off
 from hmc.adapt.schedule import build_schedule
-from hmc.adapt.warmup import warmup_init
+from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
 from hmc.kernels.base import Kernel
@@ -160,26 +161,22 @@ def sample(
         torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
         metric_from_inverse(torch.diag_embed(unit) if metric == "dense" else unit),
     )
-    search = functools.partial(find_reasonable_step_size, potential=potential)
+    adapter = StanWarmup(
+        schedule=build_schedule(warmup, device=device),
+        search=functools.partial(find_reasonable_step_size, potential=potential),
+        target_accept=target_accept,
+        adapt_metric=metric != "identity",
+        dense=metric == "dense",
+    )
     tuning_started = time.perf_counter()
     adaptation = None
     if warmup > 0 or step_size is None:
-        adaptation, params = warmup_init(state, params, search, keys, dense=metric == "dense")
-    run = Run(
-        kernel=settings.kernel,
-        potential=potential,
-        keys=keys,
-        warmup=warmup,
-        draws=draws,
-        schedule=build_schedule(warmup, device=device),
-        target_accept=target_accept,
-        adapt_metric=metric != "identity",
-        search=search,
-    )
+        adaptation, params = adapter.init(state, params, keys)
     if settings.engine == "numpy":  # the same records as NumPy arrays sharing their memory
         state, adaptation = as_arrays(state), as_arrays(adaptation)
         params = Params(params.step_size.numpy(), params.metric)  # the metric stays tensors
-        run = run._replace(schedule=as_arrays(run.schedule))
+        adapter = dataclasses.replace(adapter, schedule=as_arrays(adapter.schedule))
+    run = Run(settings.kernel, potential, keys, warmup, draws, adapter)
     recorder = Recorder(chains, warmup, draws, dim, save_warmup, state.position)
     # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
     # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy

@@ -20,7 +20,7 @@ from hmc.adapt import (
     welford_init,
     welford_update,
 )
-from hmc.adapt.warmup import warmup_init, warmup_update
+from hmc.adapt.warmup import StanWarmup
 from hmc.kernels.base import Params
 from hmc.metric import metric_from_inverse
 from hmc.random import chain_keys
@@ -215,7 +215,8 @@ def test_first_dual_averaging_shrinks_towards_ten_times_the_initial_step_size(st
     initial = torch.tensor([1.0, 0.01, 30.0], dtype=DTYPE)
     params = Params(initial, metric_from_inverse(torch.ones(chains, 2, dtype=DTYPE)))
     search = functools.partial(find_reasonable_step_size, potential=potential)
-    warm, tuned = warmup_init(state, params, search, chain_keys(0, torch.arange(chains)), False)
+    adapter = StanWarmup(build_schedule(100), search)
+    warm, tuned = adapter.init(state, params, chain_keys(0, torch.arange(chains)))
     assert not torch.equal(tuned.step_size, initial)  # the heuristic moved every chain
     torch.testing.assert_close(warm.dual_averaging.mu, torch.log(10 * initial))
     torch.testing.assert_close(warm.dual_averaging.log_step_size, torch.log(tuned.step_size))
@@ -274,12 +275,13 @@ def test_numpy_engine_adaptation_matches_the_torch_one(standard_normal):
     keys = chain_keys(3, torch.arange(chains))
     schedule = build_schedule(warmup)
     search = functools.partial(find_reasonable_step_size, potential=potential)
-    host_schedule = as_arrays(schedule)
+    adapter = StanWarmup(schedule, search)
+    host_adapter = StanWarmup(as_arrays(schedule), search)
     q = torch.full((chains, dim), 0.3, dtype=DTYPE)
     unit = torch.ones(chains, dim, dtype=DTYPE)
     params = Params(torch.ones(chains, dtype=DTYPE), metric_from_inverse(unit))
     start = hmc.State(q, *potential.value_and_grad(q))
-    warm, params = warmup_init(start, params, search, keys, False)
+    warm, params = adapter.init(start, params, keys)
     host_warm, host_params = as_arrays(warm), Params(params.step_size.numpy(), params.metric)
     iteration = torch.zeros(chains, dtype=torch.int64)
     rng = np.random.default_rng(0)
@@ -291,14 +293,16 @@ def test_numpy_engine_adaptation_matches_the_torch_one(standard_normal):
         accept = torch.from_numpy(rng.random(chains))
         window_ends = any(schedule.ends_window(int(i)) for i in iteration[done])
         ends += window_ends
-        options = (search, keys, 0.8, True, window_ends)
-        warm, params = warmup_update(
-            warm, params, schedule, done, iteration, accept, state, *options
+        warm, params = adapter.update(
+            warm, params, done, iteration, accept, state, keys, window_ends
         )
-        host_warm, host_params = warmup_update(
-            host_warm, host_params, host_schedule, done.numpy(), iteration.numpy(),
-            accept.numpy(), as_arrays(state), *options,
+        host_warm, host_params = host_adapter.update(
+            host_warm, host_params, done.numpy(), iteration.numpy(),
+            accept.numpy(), as_arrays(state), keys, window_ends,
         )  # fmt: skip
+        leaving = done & (iteration == warmup - 1)
+        params = adapter.final(warm, params, leaving)
+        host_params = host_adapter.final(host_warm, host_params, leaving.numpy())
         assert isinstance(host_params.step_size, np.ndarray)
         iteration = iteration + done
     assert ends >= 1

@@ -1,4 +1,10 @@
-"""Stan's warmup for many chains at once, each on its own schedule.
+"""Stan's warmup for many chains at once, each on its own schedule, as an adapter.
+
+:class:`StanWarmup` holds the settings (the schedule, dual averaging's target, whether
+the metric adapts, the step-size heuristic) and three calls over an explicit
+:class:`WarmupState`: ``init`` from the initial states, ``update`` after warmup
+transitions, ``final`` when chains leave warmup. The driver calls them; nothing else
+reads or changes the adaptation.
 
 After every warmup transition of chain ``c`` (its own iteration ``t_c``):
 
@@ -7,7 +13,8 @@ After every warmup transition of chain ``c`` (its own iteration ``t_c``):
 3. at a window end, the chain's inverse metric becomes the regularised estimate, the
    step-size heuristic runs from the current position, and dual averaging restarts around
    the step size it finds;
-4. after the last warmup iteration the step size becomes ``exp(x_bar)``.
+4. after the last warmup iteration (:meth:`StanWarmup.final`) the step size becomes
+   ``exp(x_bar)``.
 
 Before the first window ends, dual averaging shrinks towards ten times the initial step
 size (Stan sets ``mu`` from its ``stepsize`` argument before the heuristic runs).
@@ -24,6 +31,7 @@ leapfrog step and knows nothing of kernels or the energy module.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -41,7 +49,7 @@ from hmc.arrays import as_arrays, as_tensors, namespace
 from hmc.metric import Metric, metric_from_inverse
 from hmc.state import Params, State, take_rows, where_rows
 
-__all__ = ["StepSizeSearch", "WarmupState", "warmup_init", "warmup_update"]
+__all__ = ["StanWarmup", "StepSizeSearch", "WarmupState"]
 
 #: ``search(state, step_size, metric, keys, counter) -> (step_size, counter)``: Stan's
 #: step-size heuristic for the chains of ``state`` (``(C,)`` tensors; ``counter`` numbers
@@ -60,89 +68,110 @@ class WarmupState(NamedTuple):
     search_counter: torch.Tensor
 
 
-def warmup_init(
-    state: State, params: Params, search: StepSizeSearch, keys: torch.Tensor, dense: bool
-) -> tuple[WarmupState, Params]:
-    """Run the step-size heuristic from the initial states and start dual averaging.
+@dataclass(frozen=True)
+class StanWarmup:
+    """Stan's windowed adaptation of the step size and the (diagonal or dense) metric.
 
-    As in Stan's services (``mu`` is set from the ``stepsize`` argument before
-    ``init_stepsize`` runs), the first dual averaging shrinks towards ``log(10 eps)`` of
-    the initial step size ``params.step_size``, not of the heuristic's result; after each
-    metric update it shrinks towards the heuristic's result.
+    Parameters
+    ----------
+    schedule : the windows (:func:`hmc.adapt.build_schedule`), masks in the run's arrays.
+    search : the step-size heuristic, with the energy module bound.
+    target_accept : dual averaging's target acceptance statistic.
+    adapt_metric : whether the metric is estimated in the slow windows.
+    dense : whether the estimate is a full covariance.
     """
-    counter = torch.zeros_like(keys)
-    step_size, counter = search(state, params.step_size, params.metric, keys, counter)
-    da = dual_averaging_init(step_size, shrink_towards=params.step_size)
-    adaptation = WarmupState(da, welford_init(state.position, dense), counter)
-    return adaptation, Params(step_size, params.metric)
 
+    schedule: WarmupSchedule
+    search: StepSizeSearch
+    target_accept: float = 0.8
+    adapt_metric: bool = True
+    dense: bool = False
 
-def warmup_update(
-    adaptation: WarmupState,
-    params: Params,
-    schedule: WarmupSchedule,
-    done: torch.Tensor,
-    iteration: torch.Tensor,
-    accept_stat: torch.Tensor,
-    state: State,
-    search: StepSizeSearch,
-    keys: torch.Tensor,
-    target_accept: float,
-    adapt_metric: bool,
-    window_ends: bool = True,
-) -> tuple[WarmupState, Params]:
-    """Adapt the chains in ``done`` ``(C,)`` after their warmup iteration ``iteration`` ``(C,)``.
+    def init(self, state: State, params: Params, keys: torch.Tensor) -> tuple[WarmupState, Params]:
+        """Run the step-size heuristic from the initial states ``(C, D)`` (tensors) and
+        start dual averaging.
 
-    ``window_ends=False`` says, from the caller's host counters, that no chain in ``done``
-    ends a slow window: the metric update (which must find those chains, a device read)
-    is then skipped. The metric is tensors whatever the engine.
+        As in Stan's services (``mu`` is set from the ``stepsize`` argument before
+        ``init_stepsize`` runs), the first dual averaging shrinks towards ``log(10 eps)``
+        of the initial step size ``params.step_size``, not of the heuristic's result;
+        after each metric update it shrinks towards the heuristic's result.
+        """
+        counter = torch.zeros_like(keys)
+        step_size, counter = self.search(state, params.step_size, params.metric, keys, counter)
+        da = dual_averaging_init(step_size, shrink_towards=params.step_size)
+        adaptation = WarmupState(da, welford_init(state.position, self.dense), counter)
+        return adaptation, Params(step_size, params.metric)
 
-    ``accept_stat`` ``(C,)`` and ``state`` are the finished transitions' statistic and new
-    states. Returns the new adaptation state and kernel parameters.
-    """
-    if isinstance(done, np.ndarray) and window_ends:  # rare: run it on tensor views
-        adaptation, params = warmup_update(
-            *map(as_tensors, (adaptation, params, schedule, done, iteration, accept_stat, state)),
-            search,
-            keys,
-            target_accept,
-            adapt_metric,
-            window_ends,
+    def update(
+        self,
+        adaptation: WarmupState,
+        params: Params,
+        done: torch.Tensor,
+        iteration: torch.Tensor,
+        accept_stat: torch.Tensor,
+        state: State,
+        keys: torch.Tensor,
+        window_ends: bool = True,
+    ) -> tuple[WarmupState, Params]:
+        """Adapt the chains in ``done`` ``(C,)`` after their warmup iteration
+        ``iteration`` ``(C,)``: ``accept_stat`` ``(C,)`` and ``state`` are the finished
+        transitions' statistic and new states (arrays of the run's engine; the metric is
+        tensors whatever the engine).
+
+        ``window_ends=False`` says, from the caller's host counters, that no chain in
+        ``done`` ends a slow window: the metric update (which must find those chains, a
+        device read) is then skipped. Returns the new adaptation state and parameters.
+        """
+        schedule = self.schedule
+        if isinstance(done, np.ndarray) and window_ends:  # rare: run it on tensor views
+            tensors = replace(self, schedule=as_tensors(schedule))
+            adaptation, params = tensors.update(
+                *map(as_tensors, (adaptation, params, done, iteration, accept_stat, state)),
+                keys,
+                window_ends,
+            )
+            return as_arrays(adaptation), Params(params.step_size.numpy(), params.metric)
+        xp = namespace(done)
+        t = iteration.clip(0, schedule.num_warmup - 1)
+        da = dual_averaging_update(
+            adaptation.dual_averaging, accept_stat, done, target=self.target_accept
         )
-        return as_arrays(adaptation), Params(params.step_size.numpy(), params.metric)
-    xp = namespace(done)
-    last = schedule.num_warmup - 1
-    t = iteration.clip(0, last)
-    da = dual_averaging_update(adaptation.dual_averaging, accept_stat, done, target=target_accept)
-    step_size = xp.where(done, xp.exp(da.log_step_size), params.step_size)
-    metric, welford, counter = params.metric, adaptation.welford, adaptation.search_counter
-    if adapt_metric and schedule.adapts_metric:
-        in_window = schedule.in_window[t] & done
-        welford = welford_update(welford, state.position, in_window)
-        ends = (schedule.window_end[t] & done).nonzero().flatten() if window_ends else t[:0]
-        if len(ends) > 0:
-            welford_ends = take_rows(welford, ends)
-            inverse = params.metric.inverse.index_copy(0, ends, welford_covariance(welford_ends))
-            metric = metric_from_inverse(inverse)
-            cleared = welford_init(state.position, welford.m2.dim() == 3)
-            welford = WelfordState(
-                *(
-                    x.index_copy(0, ends, y.index_select(0, ends))
-                    for x, y in zip(welford, cleared, strict=True)
+        step_size = xp.where(done, xp.exp(da.log_step_size), params.step_size)
+        metric, welford, counter = params.metric, adaptation.welford, adaptation.search_counter
+        if self.adapt_metric and schedule.adapts_metric:
+            in_window = schedule.in_window[t] & done
+            welford = welford_update(welford, state.position, in_window)
+            ends = (schedule.window_end[t] & done).nonzero().flatten() if window_ends else t[:0]
+            if len(ends) > 0:
+                welford_ends = take_rows(welford, ends)
+                inverse = params.metric.inverse.index_copy(
+                    0, ends, welford_covariance(welford_ends)
                 )
-            )
-            new_eps, new_counter = search(
-                take_rows(state, ends),
-                step_size.index_select(0, ends),
-                take_rows(metric, ends),
-                keys.index_select(0, ends),
-                counter.index_select(0, ends),
-            )
-            step_size = step_size.index_copy(0, ends, new_eps)
-            counter = counter.index_copy(0, ends, new_counter)
-            restarted = dual_averaging_init(step_size)
-            is_end = torch.zeros_like(done).index_fill(0, ends, True)
-            da = where_rows(is_end, restarted, da)
-    finishing = done & (iteration == last)
-    step_size = xp.where(finishing, dual_averaging_final(da), step_size)
-    return WarmupState(da, welford, counter), Params(step_size, metric)
+                metric = metric_from_inverse(inverse)
+                cleared = welford_init(state.position, welford.m2.dim() == 3)
+                welford = WelfordState(
+                    *(
+                        x.index_copy(0, ends, y.index_select(0, ends))
+                        for x, y in zip(welford, cleared, strict=True)
+                    )
+                )
+                new_eps, new_counter = self.search(
+                    take_rows(state, ends),
+                    step_size.index_select(0, ends),
+                    take_rows(metric, ends),
+                    keys.index_select(0, ends),
+                    counter.index_select(0, ends),
+                )
+                step_size = step_size.index_copy(0, ends, new_eps)
+                counter = counter.index_copy(0, ends, new_counter)
+                restarted = dual_averaging_init(step_size)
+                is_end = torch.zeros_like(done).index_fill(0, ends, True)
+                da = where_rows(is_end, restarted, da)
+        return WarmupState(da, welford, counter), Params(step_size, metric)
+
+    def final(self, adaptation: WarmupState, params: Params, leaving: torch.Tensor) -> Params:
+        """The parameters for sampling of the chains ``leaving`` warmup ``(C,)``: their
+        step size becomes dual averaging's ``exp(x_bar)``; other chains keep theirs."""
+        xp = namespace(leaving)
+        step_size = dual_averaging_final(adaptation.dual_averaging)
+        return Params(xp.where(leaving, step_size, params.step_size), params.metric)
