@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from hmc.adapt.warmup import StanWarmup, WarmupState
-from hmc.kernels.base import Kernel, Step
+from hmc.kernels.base import Kernel, Phase, Step
 from hmc.potential import Potential
 from hmc.recorder import Recorder
 from hmc.state import Params, State
@@ -80,19 +80,19 @@ def run_chains(
     kernel, warmup = run.kernel, run.warmup
     total = warmup + run.draws
     chains = state.potential.shape[0]
-    kernel_state = kernel.init(state, total)
+    kernel_state = kernel.init(state)
     host_iteration = np.zeros(chains, dtype=np.int64)  # while the kernel reports on the host
     if isinstance(state.potential, np.ndarray):
         iteration = host_iteration
     else:
         iteration = torch.zeros(chains, dtype=torch.int64, device=state.potential.device)
-    sampling = iteration >= warmup
+    phase = Phase(sampling=iteration >= warmup, left=total - iteration)
     counts = _Counts(False, False, False, 0, 0, chains if warmup > 0 else 0, chains)
     warmup_seconds, started = None, time.perf_counter()
     useful = slots = 0.0  # useful becomes an array sum, read once at the end
     while counts.least < total:
         was_warming, done_before = counts.warming, counts.total_done
-        kernel_state, step = kernel.step(kernel_state, params, run.potential, run.keys, sampling)
+        kernel_state, step = kernel.step(kernel_state, params, run.potential, run.keys, phase)
         if step.finished is not None:
             counts = _host_counts(run, step.finished, host_iteration, counts)
         else:
@@ -124,7 +124,7 @@ def run_chains(
                     leaving = step.done & (iteration == warmup - 1)
                     params = adapter.final(adaptation, params, leaving)
             iteration = iteration + step.done
-            sampling = iteration >= warmup
+            phase = Phase(sampling=iteration >= warmup, left=total - iteration)
             if isinstance(iteration, np.ndarray):
                 host_iteration = iteration
             elif step.finished is not None:

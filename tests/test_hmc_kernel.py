@@ -11,7 +11,7 @@ from conftest import assert_moments, in_engine
 
 import hmc
 from hmc.arrays import as_arrays
-from hmc.kernels.base import Params
+from hmc.kernels.base import Params, Phase
 from hmc.kernels.hmc import HMCState
 from hmc.metric import metric_from_inverse
 from hmc.random import Stream, chain_keys, normal, uniform
@@ -187,25 +187,23 @@ def test_proposal_into_zero_density_is_a_divergent_rejection():
     pytest.fail("no proposal crossed the wall")
 
 
-def test_step_runs_each_chain_its_number_of_transitions():
+def test_step_completes_a_transition_of_every_chain():
     potential = hmc.Potential(elementwise, batched=True)
     state = initial(potential, Q0)
     kernel = hmc.HMC(num_steps=3)
     p = params([0.5] * 4, torch.ones(4, 3, dtype=DTYPE))
     keys = chain_keys(0, torch.arange(4))
-    ks = kernel.init(state, 2)
+    ks = kernel.init(state)
     assert isinstance(ks, HMCState) and ks.transitions == 0
-    sampling = torch.ones(4, dtype=torch.bool)
+    phase = Phase(torch.ones(4, dtype=torch.bool), torch.full((4,), 2))
     positions = []
-    for call in range(3):
-        ks, step = kernel.step(ks, p, potential, keys, sampling)
-        assert step.done.tolist() == [call < 2] * 4
-        assert (step.state is None) == (call >= 2)  # nothing to report after the last
+    for _ in range(2):
+        ks, step = kernel.step(ks, p, potential, keys, phase)
+        assert step.done.tolist() == [True] * 4
         positions.append(ks.state.position)
-        assert call >= 2 or step.info.n_steps.shape == (4,)
+        assert step.info.n_steps.tolist() == [3] * 4
     assert ks.transitions == 2
     assert not torch.equal(positions[0], Q0)  # step 0.5: mostly accepted
-    assert torch.equal(positions[2], positions[1])  # no transitions left: no change
     # the transitions equal direct calls of transition() with counters 0, 1
     s = state
     for t in range(2):
@@ -223,10 +221,10 @@ def test_step_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
     p = params([0.4] * 4, torch.ones(4, 3, dtype=DTYPE))
     keys = chain_keys(2, torch.arange(4))
     ks = kernel.init(state)
-    sampling = torch.ones(4, dtype=torch.bool)
+    phase = Phase(torch.ones(4, dtype=torch.bool), torch.full((4,), 70))
     s = state
     for t in range(70):
-        ks, step = kernel.step(ks, p, potential, keys, sampling)
+        ks, step = kernel.step(ks, p, potential, keys, phase)
         s, info = kernel.transition(s, p, potential, keys, torch.full((4,), t))
         assert step.done.all()
         assert torch.equal(step.state.position, s.position), t
@@ -250,17 +248,18 @@ def test_both_engines_run_the_same_transitions(num_steps, dense, chains):
         inverse = torch.diag_embed(inverse) + 0.2 * (1 - torch.eye(3, dtype=DTYPE))
     p = params(step_size, inverse)
     keys = chain_keys(4, torch.arange(chains))
-    sampling = torch.ones(chains, dtype=torch.bool)
+    phase = Phase(torch.ones(chains, dtype=torch.bool), torch.full((chains,), 70))
     runs = {}
     for engine in ("torch", "numpy"):
         potential = hmc.Potential(elementwise)
         kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0)
-        ks = kernel.init(in_engine(initial(potential, Q0[:chains]), engine), 70)
+        ks = kernel.init(in_engine(initial(potential, Q0[:chains]), engine))
         assert ks.on_host == (engine == "numpy")
         engine_params = Params(in_engine(p.step_size, engine), p.metric)
         reports = []
         for _ in range(70):
-            ks, step = kernel.step(ks, engine_params, potential, keys, in_engine(sampling, engine))
+            engine_phase = Phase(*(in_engine(x, engine) for x in phase))
+            ks, step = kernel.step(ks, engine_params, potential, keys, engine_phase)
             assert step.done.all()
             reports.append((step.state, step.info))
         runs[engine] = (reports, potential.evaluations)
@@ -287,7 +286,7 @@ def test_numpy_engine_rejects_a_divergence_without_nan():
     q = torch.tensor([[0.4, 0.0]], dtype=DTYPE)
     kernel = hmc.HMC(num_steps=3)
     ks = kernel.init(as_arrays(initial(potential, q)))
-    keys, sampling = chain_keys(0, torch.arange(1)), np.ones(1, dtype=bool)
+    keys, phase = chain_keys(0, torch.arange(1)), Phase(np.ones(1, dtype=bool), np.full(1, 40))
     diverged = 0
     for _ in range(40):
         ks, step = kernel.step(
@@ -295,7 +294,7 @@ def test_numpy_engine_rejects_a_divergence_without_nan():
             Params(np.array([0.5]), metric_from_inverse(torch.ones(1, 2, dtype=DTYPE))),
             potential,
             keys,
-            sampling,
+            phase,
         )
         state, info = step.state, step.info
         assert np.isfinite(state.potential).all() and not np.isnan(info.energy).any()

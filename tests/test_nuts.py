@@ -269,7 +269,7 @@ def test_the_layout_follows_the_engine_not_the_number_of_chains():
 def test_host_trees_own_their_vectors():
     """Every vector a host-kept tree holds is its own (D,) array, not a row view that would
     keep a whole tick's (B, D) batch alive (memory stays O(C x depth x D))."""
-    from hmc.kernels.base import Params
+    from hmc.kernels.base import Params, Phase
     from hmc.metric import metric_from_inverse
     from hmc.random import chain_keys
 
@@ -283,9 +283,9 @@ def test_host_trees_own_their_vectors():
         np.full(chains, 0.05), metric_from_inverse(torch.ones(chains, dim, dtype=torch.float64))
     )
     keys = chain_keys(0, torch.arange(chains))
-    sampling = np.ones(chains, dtype=bool)
+    phase = Phase(np.ones(chains, dtype=bool), np.full(chains, 1000))
     for _ in range(40):  # deep trees at this step size: stacks several levels high
-        ks, _ = kernel.step(ks, params, potential, keys, sampling)
+        ks, _ = kernel.step(ks, params, potential, keys, phase)
     arrays = []
     for chain in ks.chains:
         records = [chain.edge, chain.other, chain.sample, *filter(None, chain.stack)]

@@ -17,7 +17,7 @@ from nuts_oracle import Oracle, Point
 import hmc
 from hmc.arrays import as_tensors
 from hmc.integrators import leapfrog
-from hmc.kernels.base import Params
+from hmc.kernels.base import Params, Phase
 from hmc.metric import metric_from_inverse
 from hmc.random import Stream, chain_keys, normal, uniform_at
 from hmc.state import State
@@ -47,14 +47,16 @@ def run_fast(kernel, log_prob, q0, step_size, inverse, seed, engine="torch"):
     potential = hmc.Potential(log_prob, batched=True)
     U, g = potential.value_and_grad(q0)
     chains = q0.shape[0]
-    ks = kernel.init(in_engine(State(q0, U, g), engine), num_transitions=1)
+    ks = kernel.init(in_engine(State(q0, U, g), engine))
     params = Params(in_engine(step_size, engine), metric_from_inverse(inverse))
     keys = chain_keys(seed, torch.arange(chains))
-    sampling = in_engine(torch.ones(chains, dtype=torch.bool), engine)
+    one_each = torch.ones(chains, dtype=torch.int64)  # one transition per chain
+    phase = Phase(*(in_engine(x, engine) for x in (one_each > 0, one_each)))
     results = {}
     for _ in range(5000):
-        ks, step = kernel.step(ks, params, potential, keys, sampling)
+        ks, step = kernel.step(ks, params, potential, keys, phase)
         done = step.done
+        phase = phase._replace(left=phase.left - done * 1)  # the driver's count
         if engine == "torch":  # the driver reads the kernel's flags once per tick
             ks = kernel.with_host_flags(ks, ks.flags.tolist())
         if done.any():

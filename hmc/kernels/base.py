@@ -2,8 +2,10 @@
 the driver makes.
 
 A kernel is a set of settings with plain functions over explicit state. The driver calls
-``kernel.init(state, num_transitions)`` once and then ``kernel.step(...)`` repeatedly; each
-call returns the new kernel state and a :class:`Step`: which chains completed a transition,
+``kernel.init(state)`` once and then ``kernel.step(...)`` repeatedly, telling each call in a
+:class:`Phase` which chains are past their warmup and how many transitions each has left
+(the run's counts live in the driver); each call returns the new kernel state and a
+:class:`Step`: which chains completed a transition,
 their new states and their transition statistics, and how much leapfrog work each chain
 did. Static HMC completes one transition of every running chain per call; NUTS advances
 every running chain by one leapfrog step per call, so chains never wait for each other.
@@ -28,7 +30,21 @@ import torch
 from hmc.potential import Potential
 from hmc.state import Params, State
 
-__all__ = ["Kernel", "Params", "Step"]
+__all__ = ["Kernel", "Params", "Phase", "Step"]
+
+
+class Phase(NamedTuple):
+    """What the driver tells a kernel call about each chain, ``(C,)`` arrays of the run's
+    engine.
+
+    sampling : bool, the chain is past its warmup (a transition it begins now uses the
+        sampling settings, such as NUTS's sampling depth cap).
+    left : int, the transitions the chain has still to run, the one in flight included;
+        a chain with none left begins none.
+    """
+
+    sampling: torch.Tensor
+    left: torch.Tensor
 
 
 class Step(NamedTuple):
@@ -57,9 +73,8 @@ class Kernel(Protocol):
     #: names of the per-transition statistics the kernel reports (ArviZ names)
     stat_names: tuple[str, ...]
 
-    def init(self, state: State, num_transitions: int | None = None) -> NamedTuple:
-        """Kernel state for chains at ``state`` (its arrays pick the engine), each to run
-        ``num_transitions``."""
+    def init(self, state: State) -> NamedTuple:
+        """Kernel state for chains at ``state`` (its arrays pick the engine)."""
         ...
 
     def step(
@@ -68,10 +83,9 @@ class Kernel(Protocol):
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
-        sampling: torch.Tensor,
+        phase: Phase,
     ) -> tuple[NamedTuple, Step]:
-        """Advance every chain that has transitions left. ``sampling`` ``(C,)`` is True for
-        chains past their warmup."""
+        """Advance every chain that has transitions left (``phase``)."""
         ...
 
     def with_host_flags(self, kernel_state: NamedTuple, values: list[int]) -> NamedTuple:

@@ -27,7 +27,7 @@ import torch
 
 from hmc.arrays import as_arrays, namespace, to_float64, to_int64
 from hmc.integrators import leapfrog
-from hmc.kernels.base import Params, Step
+from hmc.kernels.base import Params, Phase, Step
 from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.random import Stream, normal, uniform
@@ -60,18 +60,18 @@ class HMCDraws(NamedTuple):
 
 class HMCState(NamedTuple):
     """The chains' current ``state`` (arrays of the run's engine); ``transitions`` done by
-    every chain and its ``limit`` (host integers: static HMC moves all chains in
-    lockstep); the last statistics ``info``; ``busy`` ``(C,)``, the fraction of the last
-    call's leapfrog steps in which each chain moved (its steps over the longest chain's);
-    ``block``, the random numbers of the transitions ``transitions - transitions % B``
-    onwards, drawn ``B`` at a time; ``all_chains``, an all-True ``(C,)`` mask (the
-    ``done`` of every call); ``metric_source`` and ``metric``, the last metric passed in
-    and the same in the engine's arrays; ``flags``, empty (the driver needs nothing from
-    the device for this kernel: every call completes a transition of every chain)."""
+    every chain, the position of their random numbers (a host integer: static HMC moves
+    all chains in lockstep); the last statistics ``info``; ``busy`` ``(C,)``, the
+    fraction of the last call's leapfrog steps in which each chain moved (its steps over
+    the longest chain's); ``block``, the random numbers of the transitions
+    ``transitions - transitions % B`` onwards, drawn ``B`` at a time; ``all_chains``, an
+    all-True ``(C,)`` mask (the ``done`` of every call); ``metric_source`` and
+    ``metric``, the last metric passed in and the same in the engine's arrays; ``flags``,
+    empty (the driver needs nothing from the device for this kernel: every call
+    completes a transition of every chain)."""
 
     state: State
     transitions: int
-    limit: int
     info: HMCInfo | None
     busy: torch.Tensor
     block: HMCDraws | None
@@ -85,8 +85,6 @@ class HMCState(NamedTuple):
         """Whether the chains run in the NumPy engine."""
         return isinstance(self.state.position, np.ndarray)
 
-
-_NO_CHAIN = np.zeros(0, dtype=np.int64)
 
 #: Random numbers of a block of transitions take at most this many values (C x B x D).
 BLOCK_VALUES = 1 << 22
@@ -135,14 +133,13 @@ class HMC:
         if not self.max_energy_error > 0:
             raise ValueError(f"max_energy_error must be positive, got {self.max_energy_error!r}")
 
-    def init(self, state: State, num_transitions: int | None = None) -> HMCState:
+    def init(self, state: State) -> HMCState:
         """Kernel state for chains at ``state`` (tensors, or NumPy arrays for the NumPy
-        engine), each to run ``num_transitions``."""
-        limit = num_transitions if num_transitions is not None else 2**62
+        engine), each to begin its transition number 0 at the first call."""
         xp = namespace(state.position)
         ones = xp.ones_like(state.potential)
         flags = ones[:0].astype(np.int64) if xp is np else ones[:0].to(torch.int64)
-        return HMCState(state, 0, limit, None, ones, None, ones > 0, flags=flags)
+        return HMCState(state, 0, None, ones, None, ones > 0, flags=flags)
 
     def step(
         self,
@@ -150,14 +147,12 @@ class HMC:
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
-        sampling: torch.Tensor,
+        phase: Phase,
     ) -> tuple[HMCState, Step]:
-        """One transition of every chain, if they have transitions left (see
-        :class:`hmc.kernels.base.Kernel`); chains run in lockstep, so ``done`` is all or
-        nothing."""
+        """One transition of every chain (see :class:`hmc.kernels.base.Kernel`). The
+        chains run in lockstep, so they all have the same number of transitions left:
+        the driver stops calling when none is (``phase`` changes nothing here)."""
         ks = kernel_state
-        if ks.transitions >= ks.limit:
-            return ks, Step(~ks.all_chains, None, None, ks.busy * 0, _NO_CHAIN)
         chains, dim = ks.state.position.shape
         dtype = params.metric.inverse.dtype
         block = ks.block
@@ -184,7 +179,6 @@ class HMC:
         ks = HMCState(
             new_state,
             ks.transitions + 1,
-            ks.limit,
             info,
             busy,
             block,

@@ -42,7 +42,7 @@ import torch
 from hmc.arrays import zeros
 from hmc.integrators import leapfrog
 from hmc.kernels import nuts_host
-from hmc.kernels.base import Params, Step
+from hmc.kernels.base import Params, Phase, Step
 from hmc.metric import kinetic_energy_and_velocity, no_u_turn
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_from
@@ -140,8 +140,8 @@ class Trajectory(NamedTuple):
 class NUTSState(NamedTuple):
     """Kernel state: each chain's in-flight trajectory and counters.
 
-    transition : ``(C,)`` index of the in-flight (or next) transition of each chain.
-    limit : ``(C,)`` number of transitions each chain is to run.
+    transition : ``(C,)`` index of the in-flight (or next) transition of each chain: the
+        position of its random numbers.
     in_flight, new_doubling : ``(C,)`` bool flags for the next tick.
     starting : ``(C,)`` the chains that start a transition at the next tick; they start
         from their trajectory's ``sample`` (the last draw, or the initial state).
@@ -155,7 +155,6 @@ class NUTSState(NamedTuple):
     """
 
     transition: torch.Tensor
-    limit: torch.Tensor
     in_flight: torch.Tensor
     new_doubling: torch.Tensor
     starting: torch.Tensor
@@ -206,16 +205,14 @@ class NUTS:
         return tuple(depth) if isinstance(depth, tuple | list) else (depth, depth)
 
     # ------------------------------------------------------------------ driver API
-    def init(
-        self, state: State, num_transitions: int | None = None
-    ) -> NUTSState | nuts_host.HostNUTSState:
-        """Kernel state for chains at ``state``; each runs ``num_transitions`` (unbounded
-        when None) transitions. NumPy arrays (the NumPy engine) get each chain's tree on
-        the host, tensors the batched trees."""
+    def init(self, state: State) -> NUTSState | nuts_host.HostNUTSState:
+        """Kernel state for chains at ``state``, each to begin its transition number 0 at
+        the first call. NumPy arrays (the NumPy engine) get each chain's tree on the host,
+        tensors the batched trees."""
         position = state.position
         chains, dim = position.shape
         if isinstance(position, np.ndarray):
-            return nuts_host.init(state, num_transitions, self._depths(), self.max_energy_error)
+            return nuts_host.init(state, self._depths(), self.max_energy_error)
         device = position.device
         levels = max(self._depths())
         zeros_c = torch.zeros(chains, dtype=position.dtype, device=device)
@@ -249,13 +246,9 @@ class NUTS:
                 position.new_zeros(chains, levels, 7, dim), position.new_zeros(chains, levels, 3)
             ),
         )
-        limit = torch.full(
-            (chains,), num_transitions if num_transitions is not None else 2**62, device=device
-        )
-        starting = limit > 0
+        starting = ~falses
         return NUTSState(
             transition=ints,
-            limit=limit,
             in_flight=falses,
             new_doubling=falses,
             starting=starting,
@@ -271,18 +264,20 @@ class NUTS:
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
-        sampling: torch.Tensor,
+        phase: Phase,
     ) -> tuple[NUTSState | nuts_host.HostNUTSState, Step]:
         """One tick: every busy chain takes one leapfrog step.
 
-        ``sampling`` ``(C,)`` selects the sampling-phase depth cap for transitions that
-        start now. Returns the new kernel state and the :class:`~hmc.kernels.base.Step`:
-        the chains whose transition ended, with their draws and statistics, and the chains
-        that moved (arrays of the run's engine).
+        ``phase.sampling`` ``(C,)`` selects the sampling-phase depth cap for transitions
+        that start now; a chain whose transition ends begins its next one only if
+        ``phase.left`` counts more than the one that ended. Returns the new kernel state
+        and the :class:`~hmc.kernels.base.Step`: the chains whose transition ended, with
+        their draws and statistics, and the chains that moved (arrays of the run's
+        engine).
         """
         if isinstance(kernel_state, nuts_host.HostNUTSState):
-            return self._host_step(kernel_state, params, potential, keys, sampling)
-        ks, done = self._tick(kernel_state, params, potential, keys, sampling)
+            return self._host_step(kernel_state, params, potential, keys, phase)
+        ks, done = self._tick(kernel_state, params, potential, keys, phase)
         state, info = self._report(ks)
         return ks, Step(done, state, info, ks.busy, None)
 
@@ -301,22 +296,23 @@ class NUTS:
         ``(keys[c], counter[c])``, so successive calls need successive counters. Returns
         the new states and statistics, in the arrays of ``state``.
         """
-        ks = self.init(state, 1)
+        ks = self.init(state)
         first = [int(t) for t in counter.tolist()]
         if isinstance(ks, nuts_host.HostNUTSState):
             for chain, t in zip(ks.chains, first, strict=True):
-                chain.transition, chain.limit = t, t + 1
+                chain.transition = t
         else:
-            counter = torch.as_tensor(first, device=ks.transition.device)
-            ks = ks._replace(transition=counter, limit=counter + 1)
+            ks = ks._replace(transition=torch.as_tensor(first, device=ks.transition.device))
         result: tuple[State, NUTSInfo] | None = None
         pending = len(first)
-        sampling = ~zeros(state.potential, (len(first),), "bool")  # the sampling depth cap
+        one_left = zeros(state.potential, (pending,), "int") + 1
+        phase = Phase(sampling=one_left > 0, left=one_left)  # sampling depth cap, one each
         while pending:
-            ks, step = self.step(ks, params, potential, keys, sampling)
+            ks, step = self.step(ks, params, potential, keys, phase)
             if step.state is not None:
                 new = (step.state, step.info)
                 result = new if result is None else where_rows(step.done, new, result)
+                phase = phase._replace(left=phase.left - step.done * 1)
             if step.finished is not None:
                 pending -= step.finished.size
             else:  # one read per tick: the flags, whose last entry counts the busy chains
@@ -330,10 +326,10 @@ class NUTS:
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
-        sampling: np.ndarray,
+        phase: Phase,
     ) -> tuple[nuts_host.HostNUTSState, Step]:
         """:meth:`step` with each chain's tree on the host (the NumPy engine)."""
-        ks, done = nuts_host.advance(ks, params, potential, keys, sampling)
+        ks, done = nuts_host.advance(ks, params, potential, keys, phase)
         work = np.zeros(done.shape)
         work[ks.moved] = 1.0
         finished = np.array(ks.finished, dtype=np.int64)
@@ -348,7 +344,7 @@ class NUTS:
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
-        sampling: torch.Tensor,
+        phase: Phase,
     ) -> tuple[NUTSState, torch.Tensor]:
         """One tick of the batched trees: the new kernel state and ``done`` ``(C,)``."""
         ks = kernel_state
@@ -358,7 +354,7 @@ class NUTS:
         # 1. chains without a transition in flight start one (if they have any left)
         start = ks.starting
         if any_start:
-            fresh = self._start(ks, params, keys, sampling)
+            fresh = self._start(ks, params, keys, phase.sampling)
             traj = fresh if all_start else where_rows(start, fresh, traj)
         in_flight = ks.in_flight | start
         # 2. the tick's uniforms in one go: the direction of a doubling that begins now
@@ -398,10 +394,9 @@ class NUTS:
         transition = ks.transition + done.to(ks.transition.dtype)
         still = in_flight & ~done
         new_doubling = still & (traj.leaf == 0)
-        starting = ~still & (transition < ks.limit)
+        starting = ~still & (phase.left > done.to(phase.left.dtype))
         state = NUTSState(
             transition=transition,
-            limit=ks.limit,
             in_flight=still,
             new_doubling=new_doubling,
             starting=starting,

@@ -36,7 +36,7 @@ import torch
 
 from hmc.arrays import as_arrays
 from hmc.integrators import leapfrog
-from hmc.kernels.base import Params
+from hmc.kernels.base import Params, Phase
 from hmc.metric import Metric, kinetic_energy_and_velocity
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_scalar
@@ -63,7 +63,6 @@ class _Chain:
         "edge_forward",
         "in_flight",
         "leaf",
-        "limit",
         "log_weight",
         "max_depth",
         "max_error",
@@ -83,11 +82,10 @@ class _Chain:
         "transition",
     )  # fmt: skip
 
-    def __init__(self, sample: tuple, limit: int, levels: int) -> None:
-        self.transition = 0
-        self.limit = limit
+    def __init__(self, sample: tuple, levels: int) -> None:
+        self.transition = 0  # the position of the chain's random numbers
         self.in_flight = False
-        self.starting = limit > 0
+        self.starting = True
         self.sample = sample
         self.edge_forward = False
         self.stack: list[tuple | None] = [None] * levels
@@ -130,6 +128,8 @@ class HostNUTSState:
         self.step_sizes: list[float] = []
         self.metric_source: Metric | None = None
         self.metric: Metric | None = None  # params.metric with NumPy fields
+        self.left_source: np.ndarray | None = None
+        self.left: list[int] = []  # phase.left as a list
 
 
 class _Edges(NamedTuple):
@@ -145,19 +145,13 @@ class _Edges(NamedTuple):
     metric: Metric
 
 
-def init(
-    state: State,
-    num_transitions: int | None,
-    depths: tuple[int, int],
-    max_energy_error: float,
-) -> HostNUTSState:
-    """Host kernel state for chains at ``state`` (NumPy arrays), each to run
-    ``num_transitions`` (unbounded when None), with ``(warmup, sampling)`` depth caps."""
+def init(state: State, depths: tuple[int, int], max_energy_error: float) -> HostNUTSState:
+    """Host kernel state for chains at ``state`` (NumPy arrays), with ``(warmup,
+    sampling)`` depth caps."""
     q, g = state.position, state.grad
     potentials = state.potential.tolist()
-    limit = num_transitions if num_transitions is not None else 2**62
     chains = [
-        _Chain((q[c].copy(), potentials[c], g[c].copy(), 0.0), limit, max(depths))
+        _Chain((q[c].copy(), potentials[c], g[c].copy(), 0.0), max(depths))
         for c in range(q.shape[0])
     ]
     return HostNUTSState(chains, torch.from_numpy(q).dtype, depths, max_energy_error)
@@ -168,7 +162,7 @@ def advance(
     params: Params,
     potential: Potential,
     keys: torch.Tensor,
-    sampling: torch.Tensor | np.ndarray,
+    phase: Phase,
 ) -> tuple[HostNUTSState, np.ndarray]:
     """One tick (see :meth:`hmc.NUTS.step`); returns the state and ``done`` ``(C,)``,
     a NumPy bool array (the same chains as the list ``ks.finished``)."""
@@ -182,7 +176,7 @@ def advance(
         ks.last = None
     moved = any(chain.starting for chain in chains)  # some edge is not the last leaf
     if moved:
-        _start(ks, keys, sampling)
+        _start(ks, keys, phase.sampling)
     busy = [c for c, chain in enumerate(chains) if chain.in_flight]
     ks.moved, ks.finished = busy, []
     if not busy:
@@ -195,6 +189,8 @@ def advance(
     q, U, g, p, v, H = _leapfrog_step(ks, potential)
     max_energy_error = ks.max_energy_error
     finished = []
+    if ks.left_source is not phase.left:
+        ks.left_source, ks.left = phase.left, phase.left.tolist()
     alone = len(busy) == 1  # the (1, D) arrays are that chain's own: no copies needed
     for i, c in enumerate(busy):
         chain = chains[c]
@@ -205,7 +201,7 @@ def advance(
         if _add_leaf(chain, leaf, H[i], max_energy_error, ks.tree_keys[c]):
             chain.transition += 1
             chain.in_flight = False
-            chain.starting = chain.transition < chain.limit
+            chain.starting = ks.left[c] > 1
             finished.append(c)
     ks.finished = finished
     if not finished:
