@@ -7,7 +7,7 @@ other chains are doing; the loop ends when every chain has run ``warmup + draws`
 iterations. The loop keeps its counters on the host: when the kernel knows on the host
 which chains finished (the NumPy engine, static HMC) it reads nothing from the device;
 otherwise (NUTS with the torch engine) it reads its counters from the device in one go per
-call, together with the kernel's ``flags``, never per leapfrog step.
+call, together with the kernel's ``readout``, never per leapfrog step.
 """
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ def run_chains(
         if step.finished is not None:
             counts = _host_counts(run, step.finished, host_iteration, counts)
         else:
-            counts, flags = _device_counts(run, step, iteration, kernel_state.flags)
-            if flags:
-                kernel_state = kernel.with_host_flags(kernel_state, flags)
+            counts, values = _device_counts(run, step, iteration, kernel_state.readout)
+            if values:
+                kernel_state = kernel.with_readout(kernel_state, values)
         if counts.any_done:
             recorder.write(
                 step.done,
@@ -179,9 +179,9 @@ def _host_counts(run: Run, finished: np.ndarray, iteration: np.ndarray, before: 
 
 
 def _device_counts(
-    run: Run, step: Step, iteration: torch.Tensor, kernel_flags: torch.Tensor
+    run: Run, step: Step, iteration: torch.Tensor, kernel_readout: torch.Tensor
 ) -> tuple[_Counts, list[int]]:
-    """The loop's counters after a call with the torch engine, and the kernel's flags,
+    """The loop's counters after a call with the torch engine, and the kernel's readout,
     read from the device in one go."""
     total, warmup = run.warmup + run.draws, run.warmup
     done = step.done
@@ -203,7 +203,7 @@ def _device_counts(
             (iteration < total).sum(),
         )
     )
-    values = torch.cat((counters, kernel_flags.to(counters))).tolist()
+    values = torch.cat((counters, kernel_readout.to(counters))).tolist()
     any_done, any_adapting, any_end, total_done, least, warming, alive = map(int, values[:7])
     counts = _Counts(
         any_done=bool(any_done),

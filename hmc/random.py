@@ -25,8 +25,7 @@ __all__ = [
     "stream_keys",
     "uniform",
     "uniform_at",
-    "uniform_from",
-    "uniform_scalar",
+    "uniform_at_scalar",
 ]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
@@ -70,7 +69,7 @@ def chain_keys(seed: int, chains: torch.Tensor) -> torch.Tensor:
 
 def stream_keys(keys: torch.Tensor, stream: Stream) -> torch.Tensor:
     """Chain keys ``(C,)`` mixed with the stream, so that streams never overlap (made once
-    by callers that draw from one stream many times, see :func:`uniform_from`)."""
+    by callers that draw from one stream many times, see :func:`uniform_at`)."""
     return _mix(keys ^ _wrap(int(stream) * _GOLDEN))
 
 
@@ -131,17 +130,11 @@ def normal(
 
 
 def uniform_at(
-    keys: torch.Tensor, stream: Stream, index: torch.Tensor, dtype: torch.dtype = torch.float64
-) -> torch.Tensor:
-    """One uniform in (0, 1) per entry of ``index`` ``(C, ...)`` (any int64 values),
-    for chain keys ``(C,)``: value number ``index`` of the chain's stream."""
-    return uniform_from(stream_keys(keys, stream), index, dtype)
-
-
-def uniform_from(
     stream_key: torch.Tensor, index: torch.Tensor, dtype: torch.dtype = torch.float64
 ) -> torch.Tensor:
-    """:func:`uniform_at` for the ``(C,)`` keys of one stream from :func:`stream_keys`."""
+    """One uniform in (0, 1) per entry of ``index`` ``(C, ...)`` (any int64 values): value
+    number ``index`` of each chain's stream, whose ``(C,)`` keys come from
+    :func:`stream_keys` (mixed once by callers that draw from one stream many times)."""
     key = stream_key.view((-1,) + (1,) * (index.dim() - 1))
     return _to_unit_interval(_mix(key + index * _GOLDEN), dtype)
 
@@ -149,8 +142,8 @@ def uniform_from(
 _MASK = (1 << 64) - 1
 
 
-def uniform_scalar(stream_key: int, index: int) -> float:
-    """:func:`uniform_from` for one chain in plain Python integers: value number ``index``
+def uniform_at_scalar(stream_key: int, index: int) -> float:
+    """:func:`uniform_at` for one chain in plain Python integers: value number ``index``
     of the stream whose key (an element of :func:`stream_keys`, as a Python int) is
     ``stream_key``. Bit-identical to the float64 tensor version."""
     x = (stream_key + index * _GOLDEN) & _MASK

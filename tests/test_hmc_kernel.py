@@ -193,16 +193,16 @@ def test_step_completes_a_transition_of_every_chain():
     kernel = hmc.HMC(num_steps=3)
     p = params([0.5] * 4, torch.ones(4, 3, dtype=DTYPE))
     keys = chain_keys(0, torch.arange(4))
-    ks = kernel.init(state)
-    assert isinstance(ks, HMCState) and ks.transitions == 0
+    kernel_state = kernel.init(state)
+    assert isinstance(kernel_state, HMCState) and kernel_state.transitions == 0
     phase = Phase(torch.ones(4, dtype=torch.bool), torch.full((4,), 2))
     positions = []
     for _ in range(2):
-        ks, step = kernel.step(ks, p, potential, keys, phase)
+        kernel_state, step = kernel.step(kernel_state, p, potential, keys, phase)
         assert step.done.tolist() == [True] * 4
-        positions.append(ks.state.position)
+        positions.append(kernel_state.state.position)
         assert step.info.n_steps.tolist() == [3] * 4
-    assert ks.transitions == 2
+    assert kernel_state.transitions == 2
     assert not torch.equal(positions[0], Q0)  # step 0.5: mostly accepted
     # the transitions equal direct calls of transition() with counters 0, 1
     s = state
@@ -220,16 +220,16 @@ def test_step_draws_in_blocks_what_transition_draws_one_by_one(num_steps):
     kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0)
     p = params([0.4] * 4, torch.ones(4, 3, dtype=DTYPE))
     keys = chain_keys(2, torch.arange(4))
-    ks = kernel.init(state)
+    kernel_state = kernel.init(state)
     phase = Phase(torch.ones(4, dtype=torch.bool), torch.full((4,), 70))
     s = state
     for t in range(70):
-        ks, step = kernel.step(ks, p, potential, keys, phase)
+        kernel_state, step = kernel.step(kernel_state, p, potential, keys, phase)
         s, info = kernel.transition(s, p, potential, keys, torch.full((4,), t))
         assert step.done.all()
         assert torch.equal(step.state.position, s.position), t
         assert torch.equal(step.info.n_steps, info.n_steps), t
-    assert ks.block is not None and ks.block.noise.shape[1] == 64
+    assert kernel_state.block is not None and kernel_state.block.noise.shape[1] == 64
 
 
 # ---------------------------------------------------------------------- engines
@@ -253,13 +253,15 @@ def test_both_engines_run_the_same_transitions(num_steps, dense, chains):
     for engine in ("torch", "numpy"):
         potential = hmc.Potential(elementwise)
         kernel = hmc.HMC(num_steps=num_steps, trajectory_length=2.0)
-        ks = kernel.init(in_engine(initial(potential, Q0[:chains]), engine))
-        assert ks.on_host == (engine == "numpy")
+        kernel_state = kernel.init(in_engine(initial(potential, Q0[:chains]), engine))
+        assert kernel_state.on_host == (engine == "numpy")
         engine_params = Params(in_engine(p.step_size, engine), p.metric)
         reports = []
         for _ in range(70):
             engine_phase = Phase(*(in_engine(x, engine) for x in phase))
-            ks, step = kernel.step(ks, engine_params, potential, keys, engine_phase)
+            kernel_state, step = kernel.step(
+                kernel_state, engine_params, potential, keys, engine_phase
+            )
             assert step.done.all()
             reports.append((step.state, step.info))
         runs[engine] = (reports, potential.evaluations)
@@ -285,12 +287,12 @@ def test_numpy_engine_rejects_a_divergence_without_nan():
     potential = hmc.Potential(wall)
     q = torch.tensor([[0.4, 0.0]], dtype=DTYPE)
     kernel = hmc.HMC(num_steps=3)
-    ks = kernel.init(as_arrays(initial(potential, q)))
+    kernel_state = kernel.init(as_arrays(initial(potential, q)))
     keys, phase = chain_keys(0, torch.arange(1)), Phase(np.ones(1, dtype=bool), np.full(1, 40))
     diverged = 0
     for _ in range(40):
-        ks, step = kernel.step(
-            ks,
+        kernel_state, step = kernel.step(
+            kernel_state,
             Params(np.array([0.5]), metric_from_inverse(torch.ones(1, 2, dtype=DTYPE))),
             potential,
             keys,

@@ -278,16 +278,16 @@ def test_host_trees_own_their_vectors():
     q = torch.randn(chains, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     U, g = potential.value_and_grad(q)
     kernel = hmc.NUTS()
-    ks = kernel.init(as_arrays(hmc.State(q, U, g)))
+    kernel_state = kernel.init(as_arrays(hmc.State(q, U, g)))
     params = Params(
         np.full(chains, 0.05), metric_from_inverse(torch.ones(chains, dim, dtype=torch.float64))
     )
     keys = chain_keys(0, torch.arange(chains))
     phase = Phase(np.ones(chains, dtype=bool), np.full(chains, 1000))
     for _ in range(40):  # deep trees at this step size: stacks several levels high
-        ks, _ = kernel.step(ks, params, potential, keys, phase)
+        kernel_state, _ = kernel.step(kernel_state, params, potential, keys, phase)
     arrays = []
-    for chain in ks.chains:
+    for chain in kernel_state.chains:
         records = [chain.edge, chain.other, chain.sample, *filter(None, chain.stack)]
         for record in records:
             for item in record:

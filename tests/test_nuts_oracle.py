@@ -19,7 +19,7 @@ from hmc.arrays import as_tensors
 from hmc.integrators import leapfrog
 from hmc.kernels.base import Params, Phase
 from hmc.metric import metric_from_inverse
-from hmc.random import Stream, chain_keys, normal, uniform_at
+from hmc.random import Stream, chain_keys, normal, stream_keys, uniform_at
 from hmc.state import State
 
 TREE_DRAWS = 1 << 32
@@ -47,18 +47,18 @@ def run_fast(kernel, log_prob, q0, step_size, inverse, seed, engine="torch"):
     potential = hmc.Potential(log_prob, batched=True)
     U, g = potential.value_and_grad(q0)
     chains = q0.shape[0]
-    ks = kernel.init(in_engine(State(q0, U, g), engine))
+    kernel_state = kernel.init(in_engine(State(q0, U, g), engine))
     params = Params(in_engine(step_size, engine), metric_from_inverse(inverse))
     keys = chain_keys(seed, torch.arange(chains))
     one_each = torch.ones(chains, dtype=torch.int64)  # one transition per chain
     phase = Phase(*(in_engine(x, engine) for x in (one_each > 0, one_each)))
     results = {}
     for _ in range(5000):
-        ks, step = kernel.step(ks, params, potential, keys, phase)
+        kernel_state, step = kernel.step(kernel_state, params, potential, keys, phase)
         done = step.done
         phase = phase._replace(left=phase.left - done * 1)  # the driver's count
-        if engine == "torch":  # the driver reads the kernel's flags once per tick
-            ks = kernel.with_host_flags(ks, ks.flags.tolist())
+        if engine == "torch":  # the driver reads the kernel's readout once per tick
+            kernel_state = kernel.with_readout(kernel_state, kernel_state.readout.tolist())
         if done.any():
             state, info = map(as_tensors, (step.state, step.info))
             for c in np.flatnonzero(np.asarray(done)).tolist():
@@ -99,7 +99,7 @@ def run_oracle(log_prob, q0, step, inverse, key, max_depth, engine="torch"):
     U, g = potential.value_and_grad(q0.unsqueeze(0))
     U0, g0 = U.item(), g[0]
     uniforms = (
-        uniform_at(key.view(1), Stream.TREE, torch.tensor([i], dtype=torch.int64)).item()
+        uniform_at(stream_keys(key.view(1), Stream.TREE), torch.tensor([i])).item()
         for i in itertools.count()
     )
     oracle = Oracle(one_step, inverse, step, max_depth)

@@ -15,9 +15,9 @@ completes one transition, for loops written by hand.
 
 The arrays are those of the run's engine (:mod:`hmc.arrays`). With the torch engine a
 kernel may need a few numbers from the device before its next call (whether any chain
-starts a transition, say): it keeps them in its state's ``flags`` ``(K,)`` int64 tensor
+starts a transition, say): it keeps them in its state's ``readout`` ``(K,)`` int64 tensor
 (``K`` may be 0); the driver reads them together with its own counters, one host read per
-call, and hands them back through ``with_host_flags``.
+call, and hands them back through ``with_readout``.
 """
 
 from __future__ import annotations
@@ -88,6 +88,6 @@ class Kernel(Protocol):
         """Advance every chain that has transitions left (``phase``)."""
         ...
 
-    def with_host_flags(self, kernel_state: NamedTuple, values: list[int]) -> NamedTuple:
-        """The kernel state with its ``flags`` as read by the driver."""
+    def with_readout(self, kernel_state: NamedTuple, values: list[int]) -> NamedTuple:
+        """The kernel state with its ``readout`` as read by the driver."""
         ...

@@ -66,7 +66,7 @@ class HMCState(NamedTuple):
     the longest chain's); ``block``, the random numbers of the transitions
     ``transitions - transitions % B`` onwards, drawn ``B`` at a time; ``all_chains``, an
     all-True ``(C,)`` mask (the ``done`` of every call); ``metric_source`` and
-    ``metric``, the last metric passed in and the same in the engine's arrays; ``flags``,
+    ``metric``, the last metric passed in and the same in the engine's arrays; ``readout``,
     empty (the driver needs nothing from the device for this kernel: every call
     completes a transition of every chain)."""
 
@@ -78,7 +78,7 @@ class HMCState(NamedTuple):
     all_chains: torch.Tensor
     metric_source: Metric | None = None
     metric: Metric | None = None
-    flags: torch.Tensor | None = None
+    readout: torch.Tensor | None = None
 
     @property
     def on_host(self) -> bool:
@@ -138,8 +138,8 @@ class HMC:
         engine), each to begin its transition number 0 at the first call."""
         xp = namespace(state.position)
         ones = xp.ones_like(state.potential)
-        flags = ones[:0].astype(np.int64) if xp is np else ones[:0].to(torch.int64)
-        return HMCState(state, 0, None, ones, None, ones > 0, flags=flags)
+        readout = ones[:0].astype(np.int64) if xp is np else ones[:0].to(torch.int64)
+        return HMCState(state, 0, None, ones, None, ones > 0, readout=readout)
 
     def step(
         self,
@@ -152,45 +152,44 @@ class HMC:
         """One transition of every chain (see :class:`hmc.kernels.base.Kernel`). The
         chains run in lockstep, so they all have the same number of transitions left:
         the driver stops calling when none is (``phase`` changes nothing here)."""
-        ks = kernel_state
-        chains, dim = ks.state.position.shape
+        chains, dim = kernel_state.state.position.shape
         dtype = params.metric.inverse.dtype
-        block = ks.block
+        block = kernel_state.block
         size = max(1, min(MAX_BLOCK, BLOCK_VALUES // (chains * (dim + 2))))
-        slot = ks.transitions % size
-        on_numpy = ks.on_host
+        slot = kernel_state.transitions % size
+        on_numpy = kernel_state.on_host
         if block is None or slot == 0:
-            first = torch.full((chains, 1), ks.transitions, device=keys.device)
+            first = torch.full((chains, 1), kernel_state.transitions, device=keys.device)
             counters = first + torch.arange(size, device=keys.device)
             block = self.draws(keys, counters, dim, dtype)
             if on_numpy:
                 block = as_arrays(block)
         draws = HMCDraws(*(None if x is None else x[:, slot] for x in block))
-        source, metric = params.metric, ks.metric
-        if ks.metric_source is not source:
+        source, metric = params.metric, kernel_state.metric
+        if kernel_state.metric_source is not source:
             metric = as_arrays(source) if on_numpy else source
         new_state, info = self._transition(
-            ks.state, Params(params.step_size, metric), potential, draws
+            kernel_state.state, Params(params.step_size, metric), potential, draws
         )
-        busy = ks.busy  # all ones for a fixed number of steps
+        busy = kernel_state.busy  # all ones for a fixed number of steps
         if self.num_steps is None:
             steps = to_float64(info.n_steps)
             busy = steps / steps.max()
-        ks = HMCState(
+        kernel_state = HMCState(
             new_state,
-            ks.transitions + 1,
+            kernel_state.transitions + 1,
             info,
             busy,
             block,
-            ks.all_chains,
+            kernel_state.all_chains,
             source,
             metric,
-            ks.flags,
+            kernel_state.readout,
         )
-        return ks, Step(ks.all_chains, new_state, info, busy, np.arange(chains))
+        return kernel_state, Step(kernel_state.all_chains, new_state, info, busy, np.arange(chains))
 
     @staticmethod
-    def with_host_flags(kernel_state: HMCState, values: list[int]) -> HMCState:
+    def with_readout(kernel_state: HMCState, values: list[int]) -> HMCState:
         """The kernel state as it is: static HMC reads nothing from the device."""
         return kernel_state
 

@@ -45,7 +45,7 @@ from hmc.kernels import nuts_host
 from hmc.kernels.base import Params, Phase, Step
 from hmc.metric import kinetic_energy_and_velocity, no_u_turn
 from hmc.potential import Potential
-from hmc.random import Stream, normal, stream_keys, uniform_from
+from hmc.random import Stream, normal, stream_keys, uniform_at
 from hmc.state import State, put_rows, take_rows, true_rows, where_rows
 
 __all__ = ["NUTS", "NUTSInfo", "NUTSState"]
@@ -146,10 +146,10 @@ class NUTSState(NamedTuple):
     starting : ``(C,)`` the chains that start a transition at the next tick; they start
         from their trajectory's ``sample`` (the last draw, or the initial state).
     busy : ``(C,)`` the chains that took a leapfrog step in the last tick.
-    flags : ``(7,)`` device tensor for the next tick: whether any chain starts a
+    readout : ``(7,)`` device tensor for the next tick: whether any chain starts a
         transition, begins a doubling or is busy, then whether all do, then the number of
         busy chains; read by the driver with its own counters (one host read per tick).
-        ``host`` holds the values it read.
+        ``read`` holds the values it read.
     keys, tree_keys : the chain keys of the last tick and their TREE stream keys (mixed
         once, not per tick).
     """
@@ -160,8 +160,8 @@ class NUTSState(NamedTuple):
     starting: torch.Tensor
     busy: torch.Tensor
     trajectory: Trajectory
-    flags: torch.Tensor
-    host: tuple[int, ...]
+    readout: torch.Tensor
+    read: tuple[int, ...]
     keys: torch.Tensor | None = None
     tree_keys: torch.Tensor | None = None
 
@@ -254,8 +254,8 @@ class NUTS:
             starting=starting,
             busy=falses,
             trajectory=trajectory,
-            flags=_flags(starting, starting, starting),
-            host=(True,) * 6 + (chains,),
+            readout=_readout(starting, starting, starting),
+            read=(True,) * 6 + (chains,),
         )
 
     def step(
@@ -277,9 +277,9 @@ class NUTS:
         """
         if isinstance(kernel_state, nuts_host.HostNUTSState):
             return self._host_step(kernel_state, params, potential, keys, phase)
-        ks, done = self._tick(kernel_state, params, potential, keys, phase)
-        state, info = self._report(ks)
-        return ks, Step(done, state, info, ks.busy, None)
+        kernel_state, done = self._tick(kernel_state, params, potential, keys, phase)
+        state, info = self._report(kernel_state)
+        return kernel_state, Step(done, state, info, kernel_state.busy, None)
 
     def transition(
         self,
@@ -296,47 +296,49 @@ class NUTS:
         ``(keys[c], counter[c])``, so successive calls need successive counters. Returns
         the new states and statistics, in the arrays of ``state``.
         """
-        ks = self.init(state)
+        kernel_state = self.init(state)
         first = [int(t) for t in counter.tolist()]
-        if isinstance(ks, nuts_host.HostNUTSState):
-            for chain, t in zip(ks.chains, first, strict=True):
+        if isinstance(kernel_state, nuts_host.HostNUTSState):
+            for chain, t in zip(kernel_state.chains, first, strict=True):
                 chain.transition = t
         else:
-            ks = ks._replace(transition=torch.as_tensor(first, device=ks.transition.device))
+            kernel_state = kernel_state._replace(
+                transition=torch.as_tensor(first, device=kernel_state.transition.device)
+            )
         result: tuple[State, NUTSInfo] | None = None
         pending = len(first)
         one_left = zeros(state.potential, (pending,), "int") + 1
         phase = Phase(sampling=one_left > 0, left=one_left)  # sampling depth cap, one each
         while pending:
-            ks, step = self.step(ks, params, potential, keys, phase)
+            kernel_state, step = self.step(kernel_state, params, potential, keys, phase)
             if step.state is not None:
                 new = (step.state, step.info)
                 result = new if result is None else where_rows(step.done, new, result)
                 phase = phase._replace(left=phase.left - step.done * 1)
             if step.finished is not None:
                 pending -= step.finished.size
-            else:  # one read per tick: the flags, whose last entry counts the busy chains
-                flags = ks.flags.tolist()
-                ks, pending = self.with_host_flags(ks, flags), flags[-1]
+            else:  # one read per tick: the readout, whose last entry counts the busy chains
+                values = kernel_state.readout.tolist()
+                kernel_state, pending = self.with_readout(kernel_state, values), values[-1]
         return result
 
     def _host_step(
         self,
-        ks: nuts_host.HostNUTSState,
+        kernel_state: nuts_host.HostNUTSState,
         params: Params,
         potential: Potential,
         keys: torch.Tensor,
         phase: Phase,
     ) -> tuple[nuts_host.HostNUTSState, Step]:
         """:meth:`step` with each chain's tree on the host (the NumPy engine)."""
-        ks, done = nuts_host.advance(ks, params, potential, keys, phase)
+        kernel_state, done = nuts_host.advance(kernel_state, params, potential, keys, phase)
         work = np.zeros(done.shape)
-        work[ks.moved] = 1.0
-        finished = np.array(ks.finished, dtype=np.int64)
-        if not ks.finished:
-            return ks, Step(done, None, None, work, finished)
-        state, stats = nuts_host.report(ks)
-        return ks, Step(done, state, NUTSInfo(**stats), work, finished)
+        work[kernel_state.moved] = 1.0
+        finished = np.array(kernel_state.finished, dtype=np.int64)
+        if not kernel_state.finished:
+            return kernel_state, Step(done, None, None, work, finished)
+        state, stats = nuts_host.report(kernel_state)
+        return kernel_state, Step(done, state, NUTSInfo(**stats), work, finished)
 
     def _tick(
         self,
@@ -347,26 +349,27 @@ class NUTS:
         phase: Phase,
     ) -> tuple[NUTSState, torch.Tensor]:
         """One tick of the batched trees: the new kernel state and ``done`` ``(C,)``."""
-        ks = kernel_state
-        any_start, any_doubling, _, all_start, all_doubling, all_busy, n_busy = ks.host
-        tree_keys = ks.tree_keys if ks.keys is keys else stream_keys(keys, Stream.TREE)
-        traj = ks.trajectory
+        any_start, any_doubling, _, all_start, all_doubling, all_busy, n_busy = kernel_state.read
+        tree_keys = (
+            kernel_state.tree_keys if kernel_state.keys is keys else stream_keys(keys, Stream.TREE)
+        )
+        traj = kernel_state.trajectory
         # 1. chains without a transition in flight start one (if they have any left)
-        start = ks.starting
+        start = kernel_state.starting
         if any_start:
-            fresh = self._start(ks, params, keys, phase.sampling)
+            fresh = self._start(kernel_state, params, keys, phase.sampling)
             traj = fresh if all_start else where_rows(start, fresh, traj)
-        in_flight = ks.in_flight | start
+        in_flight = kernel_state.in_flight | start
         # 2. the tick's uniforms in one go: the direction of a doubling that begins now
         # (the first), then those of the merges the leaf may close (the rest, shifted by
         # one for chains that begin a doubling, which takes the first)
         chains, levels = traj.stack.scalars.shape[:2]
         span = _constants(chains, levels, keys.device)[2]
-        u = uniform_from(tree_keys, traj.next_uniform.unsqueeze(-1) + span)  # (C, L+2)
+        u = uniform_at(tree_keys, traj.next_uniform.unsqueeze(-1) + span)  # (C, L+2)
         merge_u = u[:, :-1]
         # chains beginning a doubling turn to the end it extends
         if any_doubling:
-            doubling = None if all_doubling else ks.new_doubling | start
+            doubling = None if all_doubling else kernel_state.new_doubling | start
             traj = _begin_doubling(traj, params, u[:, 0] > 0.5, doubling)
             after = u[:, 1:]
             merge_u = after if doubling is None else torch.where(doubling[:, None], after, merge_u)
@@ -391,7 +394,7 @@ class NUTS:
         traj, finished = self._add_leaf(traj, leaf, params, merge_u)
         done = finished & in_flight
         # 5. chains whose transition ended start anew from their draw next tick
-        transition = ks.transition + done.to(ks.transition.dtype)
+        transition = kernel_state.transition + done.to(kernel_state.transition.dtype)
         still = in_flight & ~done
         new_doubling = still & (traj.leaf == 0)
         starting = ~still & (phase.left > done.to(phase.left.dtype))
@@ -402,8 +405,8 @@ class NUTS:
             starting=starting,
             busy=in_flight,
             trajectory=traj,
-            flags=_flags(starting, new_doubling | starting, still | starting),
-            host=ks.host,
+            readout=_readout(starting, new_doubling | starting, still | starting),
+            read=kernel_state.read,
             keys=keys,
             tree_keys=tree_keys,
         )
@@ -429,30 +432,32 @@ class NUTS:
         return traj.sample.state(), info
 
     @staticmethod
-    def with_host_flags(kernel_state: NUTSState, values: list) -> NUTSState:
-        """The kernel state with the flags the driver read from the device."""
-        return kernel_state._replace(host=tuple(int(v) for v in values))
+    def with_readout(kernel_state: NUTSState, values: list) -> NUTSState:
+        """The kernel state with the readout's values, as the driver read them."""
+        return kernel_state._replace(read=tuple(int(v) for v in values))
 
     # ------------------------------------------------------------------ the pieces
     def _start(
         self,
-        ks: NUTSState,
+        kernel_state: NUTSState,
         params: Params,
         keys: torch.Tensor,
         sampling: torch.Tensor,
     ) -> Trajectory:
         """A fresh trajectory at each chain's last draw (rows of starting chains)."""
-        traj = ks.trajectory
+        traj = kernel_state.trajectory
         current = traj.sample.state()
         metric = params.metric
         dtype = current.position.dtype
-        noise = normal(keys, Stream.MOMENTUM, ks.transition, current.position.shape[1], dtype)
+        noise = normal(
+            keys, Stream.MOMENTUM, kernel_state.transition, current.position.shape[1], dtype
+        )
         p = metric.momentum(noise)
         energy = current.potential + metric.kinetic_energy(p)
         point = Point(current.position, current.potential, current.grad, p)
         warm_depth, sample_depth = self._depths()
         zeros_c = torch.zeros_like(energy)
-        ints = torch.zeros_like(ks.transition)
+        ints = torch.zeros_like(kernel_state.transition)
         return traj._replace(
             start_energy=energy,
             edge=point,
@@ -464,9 +469,9 @@ class NUTS:
             leaf=ints,
             n_steps=ints,
             sum_accept=zeros_c,
-            diverging=torch.zeros_like(ks.in_flight),
+            diverging=torch.zeros_like(kernel_state.in_flight),
             max_error=zeros_c,
-            next_uniform=ks.transition * _TREE_DRAWS,
+            next_uniform=kernel_state.transition * _TREE_DRAWS,
             max_depth=torch.where(sampling, sample_depth, warm_depth).to(ints.dtype),
         )
 
@@ -645,7 +650,7 @@ def _where_proposal(mask: torch.Tensor, a: Proposal, b: Proposal) -> Proposal:
     )
 
 
-def _flags(starting: torch.Tensor, doubling: torch.Tensor, busy: torch.Tensor) -> torch.Tensor:
+def _readout(starting: torch.Tensor, doubling: torch.Tensor, busy: torch.Tensor) -> torch.Tensor:
     """``(7,)`` int64: whether any chain, then whether every chain, starts a transition,
     begins a doubling, or is busy at the next tick; then the number of busy chains."""
     masks = torch.stack((starting, doubling, busy))

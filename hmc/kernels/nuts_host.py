@@ -39,7 +39,7 @@ from hmc.integrators import leapfrog
 from hmc.kernels.base import Params, Phase
 from hmc.metric import Metric, kinetic_energy_and_velocity
 from hmc.potential import Potential
-from hmc.random import Stream, normal, stream_keys, uniform_scalar
+from hmc.random import Stream, normal, stream_keys, uniform_at_scalar
 from hmc.state import State, take_rows
 
 __all__ = ["HostNUTSState", "advance", "init", "report"]
@@ -158,39 +158,44 @@ def init(state: State, depths: tuple[int, int], max_energy_error: float) -> Host
 
 
 def advance(
-    ks: HostNUTSState,
+    kernel_state: HostNUTSState,
     params: Params,
     potential: Potential,
     keys: torch.Tensor,
     phase: Phase,
 ) -> tuple[HostNUTSState, np.ndarray]:
     """One tick (see :meth:`hmc.NUTS.step`); returns the state and ``done`` ``(C,)``,
-    a NumPy bool array (the same chains as the list ``ks.finished``)."""
-    chains = ks.chains
-    if ks.keys is not keys:
-        ks.keys, ks.tree_keys = keys, stream_keys(keys, Stream.TREE).tolist()
-    if ks.step_source is not params.step_size:
-        ks.step_source, ks.step_sizes = params.step_size, params.step_size.tolist()
-    if ks.metric_source is not params.metric:
-        ks.metric_source, ks.metric = params.metric, as_arrays(params.metric)
-        ks.last = None
+    a NumPy bool array (the same chains as the list ``kernel_state.finished``)."""
+    chains = kernel_state.chains
+    if kernel_state.keys is not keys:
+        kernel_state.keys, kernel_state.tree_keys = keys, stream_keys(keys, Stream.TREE).tolist()
+    if kernel_state.step_source is not params.step_size:
+        kernel_state.step_source, kernel_state.step_sizes = (
+            params.step_size,
+            params.step_size.tolist(),
+        )
+    if kernel_state.metric_source is not params.metric:
+        kernel_state.metric_source, kernel_state.metric = params.metric, as_arrays(params.metric)
+        kernel_state.last = None
     moved = any(chain.starting for chain in chains)  # some edge is not the last leaf
     if moved:
-        _start(ks, keys, phase.sampling)
+        _start(kernel_state, keys, phase.sampling)
     busy = [c for c, chain in enumerate(chains) if chain.in_flight]
-    ks.moved, ks.finished = busy, []
+    kernel_state.moved, kernel_state.finished = busy, []
     if not busy:
-        return ks, ks.nobody
+        return kernel_state, kernel_state.nobody
     for c in busy:
         if chains[c].leaf == 0:
-            moved |= _begin_doubling(chains[c], ks.tree_keys[c], ks.step_sizes[c])
-    if moved or ks.last is None or ks.last.busy != busy:
-        ks.last = _edges(ks, busy)
-    q, U, g, p, v, H = _leapfrog_step(ks, potential)
-    max_energy_error = ks.max_energy_error
+            moved |= _begin_doubling(
+                chains[c], kernel_state.tree_keys[c], kernel_state.step_sizes[c]
+            )
+    if moved or kernel_state.last is None or kernel_state.last.busy != busy:
+        kernel_state.last = _edges(kernel_state, busy)
+    q, U, g, p, v, H = _leapfrog_step(kernel_state, potential)
+    max_energy_error = kernel_state.max_energy_error
     finished = []
-    if ks.left_source is not phase.left:
-        ks.left_source, ks.left = phase.left, phase.left.tolist()
+    if kernel_state.left_source is not phase.left:
+        kernel_state.left_source, kernel_state.left = phase.left, phase.left.tolist()
     alone = len(busy) == 1  # the (1, D) arrays are that chain's own: no copies needed
     for i, c in enumerate(busy):
         chain = chains[c]
@@ -198,24 +203,24 @@ def advance(
             leaf = (q[0], U[0], g[0], p[0], v[0])
         else:
             leaf = (q[i].copy(), U[i], g[i].copy(), p[i].copy(), v[i].copy())
-        if _add_leaf(chain, leaf, H[i], max_energy_error, ks.tree_keys[c]):
+        if _add_leaf(chain, leaf, H[i], max_energy_error, kernel_state.tree_keys[c]):
             chain.transition += 1
             chain.in_flight = False
-            chain.starting = ks.left[c] > 1
+            chain.starting = kernel_state.left[c] > 1
             finished.append(c)
-    ks.finished = finished
+    kernel_state.finished = finished
     if not finished:
-        return ks, ks.nobody
+        return kernel_state, kernel_state.nobody
     done = np.zeros(len(chains), dtype=bool)
     done[finished] = True
-    return ks, done
+    return kernel_state, done
 
 
-def report(ks: HostNUTSState) -> tuple[State, dict[str, np.ndarray]]:
+def report(kernel_state: HostNUTSState) -> tuple[State, dict[str, np.ndarray]]:
     """Every chain's last draw and the statistics of its last transition, ``(C,)`` each
     under their ArviZ names (valid in the rows of the chains reported ``done``), as NumPy
     arrays: a state of ``(C, D)`` and ``(C,)`` arrays and a dict of ``(C,)`` arrays."""
-    chains = ks.chains
+    chains = kernel_state.chains
     samples = [chain.sample for chain in chains]
     floats = np.array(
         [
@@ -228,7 +233,7 @@ def report(ks: HostNUTSState) -> tuple[State, dict[str, np.ndarray]]:
         dtype=samples[0][0].dtype,
     )
     ints = np.array([[chain.n_steps for chain in chains], [chain.depth for chain in chains]])
-    flags = np.array(
+    bools = np.array(
         [
             [chain.diverging for chain in chains],
             [chain.depth >= chain.max_depth for chain in chains],
@@ -239,36 +244,38 @@ def report(ks: HostNUTSState) -> tuple[State, dict[str, np.ndarray]]:
     info = {
         "acceptance_rate": floats[4],
         "n_steps": ints[0],
-        "diverging": flags[0],
+        "diverging": bools[0],
         "energy": floats[1],
         "energy_error": floats[2],
         "max_energy_error": floats[3],
         "tree_depth": ints[1],
-        "reached_max_treedepth": flags[1],
+        "reached_max_treedepth": bools[1],
     }
     return State(position, floats[0], grad), info
 
 
 # ---------------------------------------------------------------------- the pieces
-def _start(ks: HostNUTSState, keys: torch.Tensor, sampling: torch.Tensor) -> None:
+def _start(kernel_state: HostNUTSState, keys: torch.Tensor, sampling: torch.Tensor) -> None:
     """Fresh trajectories for the chains that start one. Chain ``c``'s momentum noise for
     its transition ``t`` comes from ``(seed, c, t)``; it is drawn ``_NOISE_BLOCK``
     transitions at a time, and the metric turns it into momenta for all chains at once."""
-    chains = ks.chains
+    chains = kernel_state.chains
     starting = [c for c, chain in enumerate(chains) if chain.starting]
-    offsets = [chain.transition - ks.noise_from[c] for c, chain in enumerate(chains)]
-    stale = [c for c in starting if ks.noise is None or not 0 <= offsets[c] < _NOISE_BLOCK]
+    offsets = [chain.transition - kernel_state.noise_from[c] for c, chain in enumerate(chains)]
+    stale = [
+        c for c in starting if kernel_state.noise is None or not 0 <= offsets[c] < _NOISE_BLOCK
+    ]
     if stale:
-        _draw_noise(ks, keys, stale)
+        _draw_noise(kernel_state, keys, stale)
         for c in stale:
             offsets[c] = 0
     index = [o if 0 <= o < _NOISE_BLOCK else 0 for o in offsets]
-    noise = ks.noise[ks.rows, index]
-    metric = ks.metric
+    noise = kernel_state.noise[kernel_state.rows, index]
+    metric = kernel_state.metric
     momentum = metric.momentum(noise)
     kinetic, velocity = kinetic_energy_and_velocity(metric, momentum)
     kinetic = kinetic.tolist()
-    warm_depth, sample_depth = ks.depths
+    warm_depth, sample_depth = kernel_state.depths
     in_sampling = sampling.tolist()
     for c in starting:
         chain = chains[c]
@@ -288,23 +295,25 @@ def _start(ks: HostNUTSState, keys: torch.Tensor, sampling: torch.Tensor) -> Non
         chain.in_flight, chain.starting = True, False
 
 
-def _draw_noise(ks: HostNUTSState, keys: torch.Tensor, rows: list[int]) -> None:
+def _draw_noise(kernel_state: HostNUTSState, keys: torch.Tensor, rows: list[int]) -> None:
     """Momentum noise of the next ``_NOISE_BLOCK`` transitions of the chains ``rows``."""
-    first = [ks.chains[c].transition for c in rows]
+    first = [kernel_state.chains[c].transition for c in rows]
     counters = torch.tensor(first).unsqueeze(-1) + torch.arange(_NOISE_BLOCK)
-    dim = ks.chains[0].sample[0].shape[0]
-    block = normal(keys[rows], Stream.MOMENTUM, counters, dim, ks.dtype).numpy()
-    if ks.noise is None:
-        ks.noise = np.zeros((len(ks.chains), _NOISE_BLOCK, dim), dtype=block.dtype)
-    ks.noise[rows] = block
+    dim = kernel_state.chains[0].sample[0].shape[0]
+    block = normal(keys[rows], Stream.MOMENTUM, counters, dim, kernel_state.dtype).numpy()
+    if kernel_state.noise is None:
+        kernel_state.noise = np.zeros(
+            (len(kernel_state.chains), _NOISE_BLOCK, dim), dtype=block.dtype
+        )
+    kernel_state.noise[rows] = block
     for c, t in zip(rows, first, strict=True):
-        ks.noise_from[c] = t
+        kernel_state.noise_from[c] = t
 
 
 def _begin_doubling(chain: _Chain, tree_key: int, step_size: float) -> bool:
     """Draw the doubling's direction (forward when u > 1/2) and turn to that end;
     returns whether the chain turned."""
-    forward = uniform_scalar(tree_key, chain.next_uniform) > 0.5
+    forward = uniform_at_scalar(tree_key, chain.next_uniform) > 0.5
     turned = forward != chain.edge_forward
     if turned:
         chain.edge, chain.other = chain.other, chain.edge
@@ -316,33 +325,33 @@ def _begin_doubling(chain: _Chain, tree_key: int, step_size: float) -> bool:
     return turned
 
 
-def _edges(ks: HostNUTSState, busy: list[int]) -> _Edges:
+def _edges(kernel_state: HostNUTSState, busy: list[int]) -> _Edges:
     """The ``busy`` chains' edges, stacked."""
-    edges = [ks.chains[c].edge for c in busy]
-    metric = ks.metric
-    if len(busy) < len(ks.chains):
+    edges = [kernel_state.chains[c].edge for c in busy]
+    metric = kernel_state.metric
+    if len(busy) < len(kernel_state.chains):
         metric = take_rows(metric, np.array(busy))
     return _Edges(  # np.array of a list of rows stacks them, faster than np.stack
         busy,
         np.array([e[0] for e in edges]),
         np.array([e[2] for e in edges]),
         np.array([e[3] for e in edges]),
-        np.array([[ks.chains[c].signed_step] for c in busy], dtype=edges[0][0].dtype),
+        np.array([[kernel_state.chains[c].signed_step] for c in busy], dtype=edges[0][0].dtype),
         metric,
     )
 
 
-def _leapfrog_step(ks: HostNUTSState, potential: Potential):
-    """One batched leapfrog step from the edges in ``ks.last``, which then holds the new
+def _leapfrog_step(kernel_state: HostNUTSState, potential: Potential):
+    """One batched leapfrog step from the edges in ``kernel_state.last``, which then holds the new
     leaves: returns NumPy ``(B, D)`` positions, gradients, momenta and velocities, and
     lists of potentials and energies (a NaN energy counts as ``+inf`` in :func:`_add_leaf`)."""
-    edges = ks.last
+    edges = kernel_state.last
     metric = edges.metric
     moved, p = leapfrog(
         State(edges.position, None, edges.grad), edges.momentum, edges.step_size, metric, potential
     )
     q, U, g = moved
-    ks.last = _Edges(edges.busy, q, g, p, edges.step_size, metric)
+    kernel_state.last = _Edges(edges.busy, q, g, p, edges.step_size, metric)
     kinetic, velocity = kinetic_energy_and_velocity(metric, p)
     return q, U.tolist(), g, p, velocity, (U + kinetic).tolist()
 
@@ -378,7 +387,7 @@ def _add_leaf(
             level
         ]
         merged = _log_add_exp(left_weight, weight)
-        if not uniform_scalar(tree_key, base + level) < math.exp(weight - merged):
+        if not uniform_at_scalar(tree_key, base + level) < math.exp(weight - merged):
             proposal = left
         right_rho = rho
         rho = left_rho + right_rho
@@ -397,7 +406,7 @@ def _add_leaf(
         stack[level] = (weight, rho, p_begin, v_begin, p, v, proposal)
         return False
     # the doubling is complete: biased progressive sampling, then the whole trajectory
-    if weight > chain.log_weight or uniform_scalar(tree_key, base + level) < math.exp(
+    if weight > chain.log_weight or uniform_at_scalar(tree_key, base + level) < math.exp(
         weight - chain.log_weight
     ):
         chain.sample = proposal
