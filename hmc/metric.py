@@ -19,6 +19,7 @@ __all__ = [
     "DenseMetric",
     "DiagonalMetric",
     "Metric",
+    "all_no_u_turn",
     "dot",
     "kinetic_energy_and_velocity",
     "metric_from_inverse",
@@ -122,3 +123,18 @@ def no_u_turn(
     Returns ``(C,)`` bool, True where the trajectory has not turned (strict ``> 0``).
     """
     return (dot(velocity_plus, rho) > 0) & (dot(velocity_minus, rho) > 0)
+
+
+def all_no_u_turn(*criteria: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Whether several :func:`no_u_turn` criteria all hold, each a ``(velocity_minus,
+    velocity_plus, rho)`` triple: tensors of one shape ``(C, ..., D)``, evaluated together
+    (``(C, ...)`` bool), or one chain's NumPy rows ``(D,)``, evaluated in turn until one
+    fails (a Python bool)."""
+    if isinstance(criteria[0][0], np.ndarray):
+        for v_minus, v_plus, rho in criteria:
+            # ndarray.dot: the same product as ``@``, in half the call overhead
+            if not (v_plus.dot(rho) > 0 and v_minus.dot(rho) > 0):
+                return False
+        return True
+    v_minus, v_plus, rho = (torch.stack(x) for x in zip(*criteria, strict=True))
+    return no_u_turn(v_minus, v_plus, rho).all(0)

@@ -43,7 +43,14 @@ from hmc.arrays import zeros
 from hmc.integrators import leapfrog
 from hmc.kernels import nuts_host
 from hmc.kernels.base import Params, Phase, Step
-from hmc.metric import kinetic_energy_and_velocity, no_u_turn
+from hmc.kernels.nuts_rules import (
+    leaf_error,
+    merged_no_u_turn,
+    new_subtree_wins,
+    right_subtree_wins,
+    turns_forward,
+)
+from hmc.metric import kinetic_energy_and_velocity
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_at
 from hmc.state import State, put_rows, take_rows, true_rows, where_rows
@@ -370,7 +377,7 @@ class NUTS:
         # chains beginning a doubling turn to the end it extends
         if any_doubling:
             doubling = None if all_doubling else kernel_state.new_doubling | start
-            traj = _begin_doubling(traj, params, u[:, 0] > 0.5, doubling)
+            traj = _begin_doubling(traj, params, turns_forward(u[:, 0]), doubling)
             after = u[:, 1:]
             merge_u = after if doubling is None else torch.where(doubling[:, None], after, merge_u)
         # 3. one leapfrog step from the edge of every busy chain
@@ -489,11 +496,8 @@ class NUTS:
         h0 = traj.start_energy
         kinetic, velocity = kinetic_energy_and_velocity(metric, leaf.momentum)
         energy = leaf.potential + kinetic
-        energy = torch.nan_to_num(energy, nan=torch.inf, posinf=torch.inf)
-        error = energy - h0
-        divergent = error > self.max_energy_error
+        error, accept, divergent = leaf_error(energy, h0, self.max_energy_error)
         log_w = -error  # H0 - H, -inf when H is infinite
-        accept = torch.exp(torch.clamp(log_w, max=0.0))
         ends = torch.stack((leaf.momentum, velocity), 1)  # (C, 2, D): p and v at the leaf
         leaf_proposal = Proposal(
             torch.stack((leaf.position, leaf.grad), 1), torch.stack((leaf.potential, energy), 1)
@@ -516,16 +520,16 @@ class NUTS:
         v_begin_l = vectors[:, :, V_BEGIN]
         # Stan's three checks of a merge of left_l and node_l: across the whole merged
         # subtree, and across each half with the first (last) point of the other.
-        ok = _no_u_turns(
-            torch.stack((v_begin_l, v_begin_l, vectors[:, :, V_END])),
-            torch.stack((v_leaf, begin_r[:, :, 1], v_leaf)),
-            torch.stack(
-                (
-                    rhos[:, 1:],
-                    vectors[:, :, RHO] + begin_r[:, :, 0],
-                    rhos[:, :-1] + vectors[:, :, P_END],
-                )
-            ),
+        ok = merged_no_u_turn(
+            rhos[:, 1:],
+            vectors[:, :, RHO],
+            v_begin_l,
+            vectors[:, :, P_END],
+            vectors[:, :, V_END],
+            rhos[:, :-1],
+            begin_r[:, :, 0],
+            begin_r[:, :, 1],
+            v_leaf,
         )
         failed = closing & ~ok
         any_failed = failed.any(-1)
@@ -533,7 +537,7 @@ class NUTS:
         merges = torch.where(failed, span[1:-1], closes.unsqueeze(-1)).min(-1).values
         merges = torch.where(divergent, 0, merges)
         # at a merge of left_l and node_l, node_l's proposal wins w.p. w(node_l) / w(node_{l+1})
-        right_wins = u[:, :levels] < torch.exp(log_weights[:, :-1] - log_weights[:, 1:])
+        right_wins = right_subtree_wins(u[:, :levels], log_weights[:, :-1], log_weights[:, 1:])
         # the proposal of node_t: from the highest closing level where the left half won
         left_won = closing & ~right_wins
         source = torch.where(left_won, level, -1).amax(-1)  # -1: the leaf itself
@@ -564,16 +568,22 @@ class NUTS:
 
         # ---- top level: a completed doubling merges into the trajectory
         top_u = u[rows, merges]
-        take = (node_weight > traj.log_weight) | (top_u < torch.exp(node_weight - traj.log_weight))
+        take = new_subtree_wins(top_u, node_weight, traj.log_weight)
         sample = _where_proposal(complete & take, proposal, traj.sample)
         log_weight = torch.where(
             complete, torch.logaddexp(traj.log_weight, node_weight), traj.log_weight
         )
         rho_total = traj.rho + node_rho
-        persists = _no_u_turns(
-            torch.stack((traj.other_v, traj.other_v, traj.near_v)),
-            torch.stack((velocity, node_begin[:, 1], velocity)),
-            torch.stack((rho_total, traj.rho + node_begin[:, 0], node_rho + traj.near_p)),
+        persists = merged_no_u_turn(
+            rho_total,
+            traj.rho,
+            traj.other_v,
+            traj.near_p,
+            traj.near_v,
+            node_rho,
+            node_begin[:, 0],
+            node_begin[:, 1],
+            velocity,
         )
         completed = complete.to(traj.depth.dtype)
         depth = traj.depth + completed
@@ -588,9 +598,7 @@ class NUTS:
             n_steps=traj.n_steps + 1,
             sum_accept=traj.sum_accept + accept,
             diverging=traj.diverging | divergent,
-            max_error=torch.maximum(
-                traj.max_error, torch.nan_to_num(error.abs(), nan=torch.inf, posinf=torch.inf)
-            ),
+            max_error=torch.maximum(traj.max_error, error.abs()),
             next_uniform=traj.next_uniform + merges + completed,
         ), finished
 
@@ -634,12 +642,6 @@ def _begin_doubling(
         leaf=leaf,
         next_uniform=next_uniform,
     )
-
-
-def _no_u_turns(v_minus: torch.Tensor, v_plus: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
-    """All of several :func:`hmc.metric.no_u_turn` criteria stacked on a leading axis:
-    ``(K, C, ..., D)`` velocities and momentum sums give ``(C, ...)`` bool."""
-    return no_u_turn(v_minus, v_plus, rho).all(0)
 
 
 def _where_proposal(mask: torch.Tensor, a: Proposal, b: Proposal) -> Proposal:

@@ -37,6 +37,13 @@ import torch
 from hmc.arrays import as_arrays
 from hmc.integrators import leapfrog
 from hmc.kernels.base import Params, Phase
+from hmc.kernels.nuts_rules import (
+    leaf_error,
+    merged_no_u_turn,
+    new_subtree_wins,
+    right_subtree_wins,
+    turns_forward,
+)
 from hmc.metric import Metric, kinetic_energy_and_velocity
 from hmc.potential import Potential
 from hmc.random import Stream, normal, stream_keys, uniform_at_scalar
@@ -313,7 +320,7 @@ def _draw_noise(kernel_state: HostNUTSState, keys: torch.Tensor, rows: list[int]
 def _begin_doubling(chain: _Chain, tree_key: int, step_size: float) -> bool:
     """Draw the doubling's direction (forward when u > 1/2) and turn to that end;
     returns whether the chain turned."""
-    forward = uniform_at_scalar(tree_key, chain.next_uniform) > 0.5
+    forward = turns_forward(uniform_at_scalar(tree_key, chain.next_uniform))
     turned = forward != chain.edge_forward
     if turned:
         chain.edge, chain.other = chain.other, chain.edge
@@ -363,22 +370,19 @@ def _add_leaf(
     completed doubling, merge into the trajectory and test the whole. Returns whether the
     transition ended at this leaf."""
     q, U, g, p, v = leaf
-    if energy != energy:  # NaN counts as +inf
-        energy = math.inf
-    error = energy - chain.start_energy
-    log_w = -error  # H0 - H
+    error, accept, divergent = leaf_error(energy, chain.start_energy, max_energy_error)
     chain.n_steps += 1
-    chain.sum_accept += math.exp(log_w) if log_w < 0.0 else 1.0
-    if not abs(error) <= chain.max_error:  # NaN counts as +inf
-        chain.max_error = abs(error) if error == error else math.inf
+    chain.sum_accept += accept
+    if abs(error) > chain.max_error:
+        chain.max_error = abs(error)
     chain.edge = leaf
     k = chain.leaf
     chain.leaf = k + 1
-    if error > max_energy_error:
+    if divergent:
         chain.diverging = True
         return True
     # node: the subtree of 2**level leaves ending at this leaf
-    weight, rho, p_begin, v_begin, proposal = log_w, p, p, v, (q, U, g, energy)
+    weight, rho, p_begin, v_begin, proposal = -error, p, p, v, (q, U, g, energy)
     stack = chain.stack
     base = chain.next_uniform
     level = 0
@@ -387,15 +391,13 @@ def _add_leaf(
             level
         ]
         merged = _log_add_exp(left_weight, weight)
-        if not uniform_at_scalar(tree_key, base + level) < math.exp(weight - merged):
+        if not right_subtree_wins(uniform_at_scalar(tree_key, base + level), weight, merged):
             proposal = left
         right_rho = rho
         rho = left_rho + right_rho
         level += 1
-        if not (
-            _no_u_turn(left_v_begin, v, rho)
-            and _no_u_turn(left_v_begin, v_begin, left_rho + p_begin)
-            and _no_u_turn(left_v_end, v, right_rho + left_p_end)
+        if not merged_no_u_turn(
+            rho, left_rho, left_v_begin, left_p_end, left_v_end, right_rho, p_begin, v_begin, v
         ):
             chain.next_uniform = base + level
             return True
@@ -406,28 +408,18 @@ def _add_leaf(
         stack[level] = (weight, rho, p_begin, v_begin, p, v, proposal)
         return False
     # the doubling is complete: biased progressive sampling, then the whole trajectory
-    if weight > chain.log_weight or uniform_at_scalar(tree_key, base + level) < math.exp(
-        weight - chain.log_weight
-    ):
+    if new_subtree_wins(uniform_at_scalar(tree_key, base + level), weight, chain.log_weight):
         chain.sample = proposal
     chain.log_weight = _log_add_exp(chain.log_weight, weight)
     before = chain.rho
     chain.rho = before + rho
-    persists = (
-        _no_u_turn(chain.other_v, v, chain.rho)
-        and _no_u_turn(chain.other_v, v_begin, before + p_begin)
-        and _no_u_turn(chain.near_v, v, rho + chain.near_p)
+    persists = merged_no_u_turn(
+        chain.rho, before, chain.other_v, chain.near_p, chain.near_v, rho, p_begin, v_begin, v
     )
     chain.depth += 1
     chain.leaf = 0
     chain.next_uniform += 1
     return not persists or chain.depth >= chain.max_depth
-
-
-def _no_u_turn(velocity_minus: np.ndarray, velocity_plus: np.ndarray, rho: np.ndarray) -> bool:
-    """Stan's criterion for one chain (see :func:`hmc.metric.no_u_turn`)."""
-    # ndarray.dot: the same product as ``@``, in half the call overhead
-    return bool(velocity_plus.dot(rho) > 0) and bool(velocity_minus.dot(rho) > 0)
 
 
 def _log_add_exp(a: float, b: float) -> float:
