@@ -7,11 +7,14 @@ from hmc.adapt.step_size import (
     dual_averaging_init,
     dual_averaging_update,
 )
+from hmc.adapt.warmup import StanWarmup, WarmupState
 from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, welford_update
 
 __all__ = [
     "DualAveragingState",
+    "StanWarmup",
     "WarmupSchedule",
+    "WarmupState",
     "WelfordState",
     "build_schedule",
     "dual_averaging_final",

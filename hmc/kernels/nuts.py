@@ -17,7 +17,10 @@ merge) are evaluated for all levels at once with cumulative sums over the stack.
 whose transition ends reports its draw and starts its next transition at the next tick, so
 no chain waits for another's tree. Memory is ``O(C x max_tree_depth x D)``.
 
-This module keeps the trees in batched tensors: the layout of the torch engine (any device,
+Stan's rules themselves (the leaf's error, acceptance statistic and divergence, the
+doubling's direction, both progressive-sampling choices, the three U-turn checks of a
+merge) are in :mod:`hmc.kernels.nuts_rules`, shared with the host layout; this module
+walks the tree. It keeps the trees in batched tensors: the layout of the torch engine (any device,
 any number of chains, one host read per tick). The NumPy engine, the CPU's default, keeps
 each chain's tree in Python floats and NumPy rows instead (:mod:`hmc.kernels.nuts_host`),
 far cheaper per tick for the chain counts CPUs run (``benchmarks/RESULTS.md``). The

@@ -2,7 +2,8 @@
 
 The transition, its statistics and its random numbers are those of
 :mod:`hmc.kernels.nuts` (Stan's transition; the same momentum, direction and merge
-uniforms from ``(seed, chain, transition)``), checked against the same recursive oracle.
+uniforms from ``(seed, chain, transition)``), with the same rules
+(:mod:`hmc.kernels.nuts_rules`), checked against the same recursive oracle.
 Every tick still advances every busy chain by one leapfrog step with one batched energy
 call. What differs is where the tree lives: the batched layout keeps it in tensors and pays
 the dispatch cost of a few hundred small tensor operations per tick, whatever the number of
