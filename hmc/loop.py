@@ -72,11 +72,15 @@ def run_chains(
     adaptation: WarmupState | None,
     recorder: Recorder,
     bar: Any = None,
-) -> tuple[Params, Timing]:
+) -> tuple[Params, Timing, np.ndarray]:
     """Run every chain from ``state`` through warmup and sampling, recording each
     transition in ``recorder``. ``state``, the step sizes and ``adaptation`` are arrays of the
-    run's engine (the metric is tensors); ``adaptation`` is None when nothing adapts. Returns the
-    final kernel parameters and the timing."""
+    run's engine (the metric is tensors); ``adaptation`` is None when nothing adapts.
+
+    A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM under :func:`hmc.interrupts.terminate_as_interrupt`)
+    ends the loop early, keeping what was recorded. Returns the final kernel parameters,
+    the timing and the iterations each chain completed ``(C,)`` (NumPy; ``warmup +
+    draws`` each unless interrupted)."""
     kernel, warmup = run.kernel, run.warmup
     total = warmup + run.draws
     chains = state.potential.shape[0]
@@ -90,55 +94,59 @@ def run_chains(
     counts = _Counts(False, False, False, 0, 0, chains if warmup > 0 else 0, chains)
     warmup_seconds, started = None, time.perf_counter()
     useful = slots = 0.0  # useful becomes an array sum, read once at the end
-    while counts.least < total:
-        was_warming, done_before = counts.warming, counts.total_done
-        kernel_state, step = kernel.step(kernel_state, params, run.potential, run.keys, phase)
-        if step.finished is not None:
-            counts = _host_counts(run, step.finished, host_iteration, counts)
-        else:
-            counts, values = _device_counts(run, step, iteration, kernel_state.readout)
-            if values:
-                kernel_state = kernel.with_readout(kernel_state, values)
-        if counts.any_done:
-            recorder.write(
-                step.done,
-                iteration,
-                step.state,
-                step.info,
-                params.step_size,
-                counts.common_iteration,
-            )
-            if counts.any_adapting and adaptation is not None:
-                adapter = run.adapter
-                adaptation, params = adapter.update(
-                    adaptation,
-                    params,
-                    step.done & (iteration < warmup),
+    try:
+        while counts.least < total:
+            was_warming, done_before = counts.warming, counts.total_done
+            kernel_state, step = kernel.step(kernel_state, params, run.potential, run.keys, phase)
+            if step.finished is not None:
+                counts = _host_counts(run, step.finished, host_iteration, counts)
+            else:
+                counts, values = _device_counts(run, step, iteration, kernel_state.readout)
+                if values:
+                    kernel_state = kernel.with_readout(kernel_state, values)
+            if counts.any_done:
+                recorder.write(
+                    step.done,
                     iteration,
-                    step.info.acceptance_rate,
                     step.state,
-                    run.keys,
-                    counts.any_window_end,
+                    step.info,
+                    params.step_size,
+                    counts.common_iteration,
                 )
-                if counts.warming < was_warming:  # some chains left their warmup
-                    leaving = step.done & (iteration == warmup - 1)
-                    params = adapter.final(adaptation, params, leaving)
-            iteration = iteration + step.done
-            phase = Phase(sampling=iteration >= warmup, left=total - iteration)
-            if isinstance(iteration, np.ndarray):
-                host_iteration = iteration
-            elif step.finished is not None:
-                host_iteration = _advanced(host_iteration, step.finished)
-        if counts.warming == 0 and warmup_seconds is None:
-            warmup_seconds = time.perf_counter() - started
-        if was_warming == 0:  # every chain was sampling during this call
-            useful = useful + step.work.sum()
-            slots += counts.alive
-        if bar is not None and counts.any_done:
-            bar.update(counts.total_done - done_before)
-            bar.set_postfix(divergences=int(recorder.divergences), refresh=False)
+                if counts.any_adapting and adaptation is not None:
+                    adapter = run.adapter
+                    adaptation, params = adapter.update(
+                        adaptation,
+                        params,
+                        step.done & (iteration < warmup),
+                        iteration,
+                        step.info.acceptance_rate,
+                        step.state,
+                        run.keys,
+                        counts.any_window_end,
+                    )
+                    if counts.warming < was_warming:  # some chains left their warmup
+                        leaving = step.done & (iteration == warmup - 1)
+                        params = adapter.final(adaptation, params, leaving)
+                iteration = iteration + step.done
+                phase = Phase(sampling=iteration >= warmup, left=total - iteration)
+                if isinstance(iteration, np.ndarray):
+                    host_iteration = iteration
+                elif step.finished is not None:
+                    host_iteration = _advanced(host_iteration, step.finished)
+            if counts.warming == 0 and warmup_seconds is None:
+                warmup_seconds = time.perf_counter() - started
+            if was_warming == 0:  # every chain was sampling during this call
+                useful = useful + step.work.sum()
+                slots += counts.alive
+            if bar is not None and counts.any_done:
+                bar.update(counts.total_done - done_before)
+                bar.set_postfix(divergences=int(recorder.divergences), refresh=False)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the draws so far are kept
+        pass
     timing = Timing(warmup_seconds or 0.0, float(useful) / slots if slots else 1.0)
-    return params, timing
+    completed = iteration if isinstance(iteration, np.ndarray) else iteration.numpy(force=True)
+    return params, timing, completed
 
 
 def _advanced(iteration: np.ndarray, finished: np.ndarray) -> np.ndarray:

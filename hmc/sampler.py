@@ -22,6 +22,7 @@ from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
+from hmc.interrupts import kept_draws, terminate_as_interrupt
 from hmc.kernels.base import Kernel
 from hmc.loop import Run, run_chains
 from hmc.metric import metric_from_inverse
@@ -113,6 +114,10 @@ def sample(
         ``adaptation`` (the adapted step size and inverse metric per chain) and attrs
         (``inference_library``, version, ``sampling_time``, ``n_gradient_evaluations``...).
 
+        Ctrl-C or SIGTERM during sampling returns the draws every chain has completed,
+        with ``attrs["interrupted"]`` set and a warning; during warmup it raises
+        ``KeyboardInterrupt`` saying that no draws exist yet (:mod:`hmc.interrupts`).
+
     Examples
     --------
     >>> import torch, hmc
@@ -180,12 +185,20 @@ def sample(
     recorder = Recorder(chains, warmup, draws, dim, save_warmup, state.position)
     # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
     # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy
-    # there is a rejection or a divergence).
-    with distribution_validation_off(), np.errstate(over="ignore", invalid="ignore"):
-        params, timing = run_chains(run, state, params, adaptation, recorder, bar)
-    if bar is not None:
-        bar.close()
+    # there is a rejection or a divergence). Ctrl-C or SIGTERM ends the loop, keeping the
+    # draws so far (hmc.interrupts).
+    try:
+        with (
+            distribution_validation_off(),
+            np.errstate(over="ignore", invalid="ignore"),
+            terminate_as_interrupt(),
+        ):
+            params, timing, completed = run_chains(run, state, params, adaptation, recorder, bar)
+    finally:
+        if bar is not None:
+            bar.close()
     finished = time.perf_counter()
+    kept_count = kept_draws(completed, warmup, draws)  # raises if no draw exists yet
 
     attrs = run_attrs(
         seed=settings.seed,
@@ -202,8 +215,9 @@ def sample(
         compiled=potential.compiled,
         compile_time=potential.compile_seconds,
         compile_note=potential.compile_note,
+        interrupted=kept_count < draws,
     )
-    kept = slice(recorder.kept - draws, recorder.kept)
+    kept = slice(recorder.kept - draws, recorder.kept - draws + kept_count)
     draws_array = recorder.draws(kept)
     warmup_groups = {}
     if save_warmup:

@@ -82,6 +82,7 @@ def run_attrs(
     compiled: bool,
     compile_time: float,
     compile_note: str | None,
+    interrupted: bool = False,
 ) -> dict[str, Any]:
     """The attrs of a run's DataTree (ArviZ's names where ArviZ has one)."""
     return {
@@ -103,6 +104,7 @@ def run_attrs(
         "compiled": compiled,
         "compile_time": compile_time,
         "compile_note": compile_note or "",
+        "interrupted": interrupted,
     }
 
 
