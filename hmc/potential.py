@@ -232,6 +232,16 @@ class Potential:
             )
         if not out.dtype.is_floating_point:
             raise TypeError(f"log_prob must return a floating-point tensor, got {out.dtype}")
+        if out.dtype != q.dtype:
+            raise TypeError(
+                f"log_prob returned {out.dtype} for {q.dtype} positions: make the data it "
+                f"uses {q.dtype} (or sample with dtype={out.dtype})"
+            )
+        if out.device != q.device:
+            raise ValueError(
+                f"log_prob returned a tensor on {out.device} for positions on {q.device}: "
+                "keep the data it uses on the chains' device"
+            )
         if not out.requires_grad:
             raise ValueError(
                 "log_prob's output has no gradient path to its input: compute it from the "

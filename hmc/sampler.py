@@ -29,6 +29,7 @@ from hmc.metric import metric_from_inverse
 from hmc.potential import Potential
 from hmc.random import chain_keys
 from hmc.recorder import Recorder
+from hmc.run_warnings import warn_about_run
 from hmc.settings import as_target, check_dense_memory, init_radius, validate
 from hmc.state import Params
 from hmc.step_size_search import find_reasonable_step_size
@@ -142,52 +143,54 @@ def sample(
         device=device,
         engine=engine,
         compile=compile,
+        batched=batched,
     )
+    metric = settings.metric
     device = settings.device
     target = as_target(log_prob, dim, batched)
     potential = Potential(target.log_prob, batched=target.batched, compile=settings.compile)
     bar = _progress_bar(chains * (warmup + draws), settings.progress)
-    if bar is not None:
-        potential.on_compile = functools.partial(_show_compiling, bar)
-    keys = chain_keys(settings.seed, torch.arange(chains, device=device))
+    try:  # the bar is closed whatever happens (an error, Ctrl-C)
+        if bar is not None:
+            potential.on_compile = functools.partial(_show_compiling, bar)
+        keys = chain_keys(settings.seed, torch.arange(chains, device=device))
 
-    started = time.perf_counter()
-    radius = init_radius(init)
-    position = target.initial_positions(init, chains, dtype, device) if radius is None else None
-    radius = DEFAULT_INIT_RADIUS if radius is None else radius
-    if position is not None or target.dim is not None:  # else initial_state says dim is needed
-        dim = position.shape[1] if position is not None else target.dim
-        check_dense_memory(metric, chains, dim, dtype, device)
-    state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
-    dim = state.position.shape[1]
+        started = time.perf_counter()
+        radius = init_radius(init)
+        position = target.initial_positions(init, chains, dtype, device) if radius is None else None
+        radius = DEFAULT_INIT_RADIUS if radius is None else radius
+        if position is not None or target.dim is not None:  # else initial_state says dim is needed
+            dim = position.shape[1] if position is not None else target.dim
+            check_dense_memory(metric, chains, dim, dtype, device)
+        state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
+        dim = state.position.shape[1]
 
-    unit = torch.ones(chains, dim, dtype=dtype, device=device)
-    params = Params(
-        torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
-        metric_from_inverse(torch.diag_embed(unit) if metric == "dense" else unit),
-    )
-    adapter = StanWarmup(
-        schedule=build_schedule(warmup, device=device),
-        search=functools.partial(find_reasonable_step_size, potential=potential),
-        target_accept=target_accept,
-        adapt_metric=metric != "identity",
-        dense=metric == "dense",
-    )
-    tuning_started = time.perf_counter()
-    adaptation = None
-    if warmup > 0 or step_size is None:
-        adaptation, params = adapter.init(state, params, keys)
-    if settings.engine == "numpy":  # the same records as NumPy arrays sharing their memory
-        state, adaptation = as_arrays(state), as_arrays(adaptation)
-        params = Params(params.step_size.numpy(), params.metric)  # the metric stays tensors
-        adapter = dataclasses.replace(adapter, schedule=as_arrays(adapter.schedule))
-    run = Run(settings.kernel, potential, keys, warmup, draws, adapter)
-    recorder = Recorder(chains, warmup, draws, dim, save_warmup, state.position)
-    # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
-    # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy
-    # there is a rejection or a divergence). Ctrl-C or SIGTERM ends the loop, keeping the
-    # draws so far (hmc.interrupts).
-    try:
+        unit = torch.ones(chains, dim, dtype=dtype, device=device)
+        params = Params(
+            torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
+            metric_from_inverse(torch.diag_embed(unit) if metric == "dense" else unit),
+        )
+        adapter = StanWarmup(
+            schedule=build_schedule(warmup, device=device),
+            search=functools.partial(find_reasonable_step_size, potential=potential),
+            target_accept=target_accept,
+            adapt_metric=metric != "identity",
+            dense=metric == "dense",
+        )
+        tuning_started = time.perf_counter()
+        adaptation = None
+        if warmup > 0 or step_size is None:
+            adaptation, params = adapter.init(state, params, keys)
+        if settings.engine == "numpy":  # the same records as NumPy arrays sharing their memory
+            state, adaptation = as_arrays(state), as_arrays(adaptation)
+            params = Params(params.step_size.numpy(), params.metric)  # the metric stays tensors
+            adapter = dataclasses.replace(adapter, schedule=as_arrays(adapter.schedule))
+        run = Run(settings.kernel, potential, keys, warmup, draws, adapter)
+        recorder = Recorder(chains, warmup, draws, dim, save_warmup, state.position)
+        # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
+        # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy
+        # there is a rejection or a divergence). Ctrl-C or SIGTERM ends the loop, keeping the
+        # draws so far (hmc.interrupts).
         with (
             distribution_validation_off(),
             np.errstate(over="ignore", invalid="ignore"),
@@ -226,9 +229,11 @@ def sample(
             "warmup_sample_stats": recorder.stats(slice(0, warmup)),
         }
     dims, coords = target.dims_and_coords()
+    stats = recorder.stats(kept)
+    warn_about_run(stats, params.metric.inverse.numpy(force=True))
     tree = to_datatree(
         target.posterior(draws_array),
-        recorder.stats(kept),
+        stats,
         extra_groups=target.extra_groups(draws_array),
         dims=dims,
         coords=coords,

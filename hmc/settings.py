@@ -45,11 +45,13 @@ KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS}
 
 
 class Settings(NamedTuple):
-    """The kernel to run, the seed (drawn when none was given), whether to show progress,
-    the chains' device, the run's engine (:func:`hmc.arrays.engine_for`) and whether to
-    compile the energy (``compile="auto"`` decided by :data:`AUTO_COMPILE_ITERATIONS`)."""
+    """The kernel to run, the metric's name (lower case), the seed (drawn when none was
+    given), whether to show progress, the chains' device, the run's engine
+    (:func:`hmc.arrays.engine_for`) and whether to compile the energy
+    (``compile="auto"`` decided by :data:`AUTO_COMPILE_ITERATIONS`)."""
 
     kernel: Kernel
+    metric: str
     seed: int
     progress: bool
     device: torch.device
@@ -76,8 +78,9 @@ def validate(**kw: Any) -> Settings:
         raise TypeError(
             f"kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS), got {kernel!r}"
         )
-    if kw["metric"] not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {kw['metric']!r}")
+    metric = kw["metric"]
+    if not isinstance(metric, str) or metric.lower() not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     target_accept = kw["target_accept"]
     if not isinstance(target_accept, int | float) or not 0 < target_accept < 1:
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
@@ -91,24 +94,51 @@ def validate(**kw: Any) -> Settings:
     seed = kw["seed"]
     if seed is None:
         seed = secrets.randbits(63)
-    elif not _is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    elif not _is_int(seed) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
     if kw["dim"] is not None and (not _is_int(kw["dim"]) or kw["dim"] < 1):
         raise ValueError(f"dim must be a positive integer, got {kw['dim']!r}")
-    if not isinstance(kw["save_warmup"], bool):
-        raise TypeError(f"save_warmup must be True or False, got {kw['save_warmup']!r}")
+    for name in ("save_warmup", "batched"):
+        if not isinstance(kw[name], bool | np.bool_):
+            raise TypeError(f"{name} must be True or False, got {kw[name]!r}")
+    if kw["progress"] is not None and not isinstance(kw["progress"], bool):
+        raise TypeError(f"progress must be True, False or None, got {kw['progress']!r}")
     if not any(kw["compile"] is choice for choice in COMPILE_CHOICES):
         raise ValueError(f"compile must be True, False or 'auto', got {kw['compile']!r}")
     progress = kw["progress"]
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
-    device = torch.device(kw["device"]) if kw["device"] is not None else torch.device("cpu")
+    device = _device(kw["device"])
     compile = kw["compile"]
     if compile == "auto":
         compile = bool(kw["warmup"] + kw["draws"] >= AUTO_COMPILE_ITERATIONS)
     return Settings(
-        kernel, int(seed), bool(progress), device, engine_for(device, kw["engine"]), compile
+        kernel,
+        metric.lower(),
+        int(seed),
+        bool(progress),
+        device,
+        engine_for(device, kw["engine"]),
+        compile,
     )
+
+
+def _device(device: Any) -> torch.device:
+    """The chains' device (the CPU when None), checked to exist and to hold data."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device must name a torch device, got {device!r} ({error})") from None
+    if device.type == "meta":
+        raise ValueError("device must hold data: 'meta' tensors have shapes only")
+    if device.type != "cpu":
+        module = getattr(torch, device.type, None)
+        available = module is not None and module.is_available()
+        if not available or (device.index is not None and device.index >= module.device_count()):
+            raise ValueError(f"device {str(device)!r} is not available on this machine")
+    return device
 
 
 def as_target(log_prob: Any, dim: int | None, batched: bool) -> Target:
@@ -125,6 +155,8 @@ def as_target(log_prob: Any, dim: int | None, batched: bool) -> Target:
 
 def init_radius(init: Any) -> float | None:
     """The radius of random starts when ``init`` is a number, None otherwise."""
+    if isinstance(init, torch.Tensor | np.ndarray) and init.ndim == 0:
+        init = init.item()  # a 0-d tensor or array: a number like any other
     if isinstance(init, bool):
         raise TypeError("init must be a tensor, a dict of values, or a radius (a number), got bool")
     if not isinstance(init, numbers.Real):

@@ -65,6 +65,14 @@ BAD_ARGUMENTS = [
     ("seed", 2.5),
     ("seed", "1"),
     ("seed", True),
+    ("seed", 2**64),  # would alias seed 0 in 64-bit keys
+    ("device", "meta"),
+    ("device", "no-such-device"),
+    ("device", "cuda:99"),
+    ("batched", 2),
+    ("batched", "yes"),
+    ("progress", "yes"),
+    ("progress", 1),
     ("dim", 0),
     ("dim", -3),
     ("dim", 2.5),
@@ -80,6 +88,27 @@ def test_bad_argument_is_named_before_any_work(name, value):
         run(log_prob, **{name: value})
     assert info.type in (ValueError, TypeError)
     assert log_prob.calls == 0, "the error came after log_prob was evaluated"
+
+
+def test_metric_names_are_case_insensitive_like_kernel_names():
+    dt = run(metric="DIAG", kernel="HMC", warmup=30)
+    assert dt.attrs["metric"] == "diag"
+
+
+def test_a_zero_dimensional_init_is_a_radius_like_a_number():
+    for init in (0.5, np.float64(0.5), torch.tensor(0.5)):
+        dt = run(init=init)
+        assert np.abs(dt["posterior"]["x"].values).max() < 10
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_data_of_another_dtype_is_named_before_sampling(dtype):
+    """A float64 run whose density computes in float32 (or the reverse) would run in mixed
+    precision or fail inside the recorder: it is refused at the first evaluation."""
+    other = torch.float32 if dtype == torch.float64 else torch.float64
+    data = torch.ones(3, dtype=other)
+    with pytest.raises(TypeError, match=f"log_prob returned {other} for {dtype} positions"):
+        run(lambda q: -0.5 * ((q[0] - data) ** 2).sum(), dim=1, dtype=dtype)
 
 
 def test_good_integer_types_are_accepted():

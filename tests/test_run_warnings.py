@@ -1,0 +1,90 @@
+"""The warnings at the end of a run (divergences, maximum tree depth, a metric spanning
+many orders of magnitude), and a quiet healthy run."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import hmc
+from hmc.run_warnings import warn_about_run
+
+HEALTHY = {
+    "diverging": np.zeros((2, 50), dtype=bool),
+    "reached_max_treedepth": np.zeros((2, 50), dtype=bool),
+    "tree_depth": np.full((2, 50), 3),
+}
+
+
+def caught(stats, inverse) -> list[str]:
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        warn_about_run(stats, inverse)
+    assert all(r.category is RuntimeWarning for r in records)
+    return [str(r.message) for r in records]
+
+
+def test_healthy_run_is_quiet():
+    assert caught(HEALTHY, np.ones((2, 3))) == []
+    assert caught(HEALTHY, np.eye(3)[None].repeat(2, 0) * 1e7) == []
+
+
+def test_divergences_are_counted():
+    stats = dict(HEALTHY, diverging=HEALTHY["diverging"].copy())
+    stats["diverging"][1, :5] = True
+    (message,) = caught(stats, np.ones((2, 3)))
+    assert message.startswith("5 of 100 kept transitions (5.0%) were divergent")
+
+
+def test_maximum_tree_depth_is_counted_and_named():
+    stats = dict(HEALTHY, reached_max_treedepth=HEALTHY["reached_max_treedepth"].copy())
+    stats["tree_depth"] = HEALTHY["tree_depth"].copy()
+    stats["reached_max_treedepth"][0, :20] = True
+    stats["tree_depth"][0, :20] = 7
+    (message,) = caught(stats, np.ones((2, 3)))
+    assert message.startswith(
+        "20 of 100 kept transitions (20.0%) stopped at the maximum tree depth 7"
+    )
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_metric_spanning_many_orders_names_its_chains(dense):
+    variances = np.array([[1.0, 1.0, 1.0], [1e-5, 1.0, 1e4]])
+    inverse = np.stack([np.diag(v) for v in variances]) if dense else variances
+    (message,) = caught(HEALTHY, inverse)
+    assert message.startswith("the adapted metric of chains [1] spans 1.0e+09")
+
+
+def test_sample_warns_at_the_end_of_a_run_at_maximum_depth():
+    with pytest.warns(RuntimeWarning, match="stopped at the maximum tree depth 2"):
+        hmc.sample(
+            lambda q: -0.5 * (q**2).sum(),
+            dim=2,
+            chains=2,
+            warmup=100,
+            draws=100,
+            kernel=hmc.NUTS(max_tree_depth=2),
+            seed=1,
+            progress=False,
+        )
+
+
+def test_progress_bar_is_closed_when_the_run_fails(monkeypatch):
+    """An error before sampling (here: no finite starting point) still closes the bar, so
+    the traceback is not glued to it."""
+
+    class Bar:
+        closed = False
+
+        def close(self):
+            Bar.closed = True
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(hmc.sampler, "_progress_bar", lambda total, enabled: Bar())
+    with pytest.raises(ValueError, match="finite"):
+        hmc.sample(lambda q: q.sum() * float("-inf"), dim=2, chains=2, warmup=10, draws=10)
+    assert Bar.closed
