@@ -35,6 +35,7 @@ from hmc.state import Params
 from hmc.step_size_search import find_reasonable_step_size
 from hmc.target import Target
 from hmc.to_arviz import adaptation_group, run_attrs, to_datatree
+from hmc.warm_start import adapted_parameters, read_adaptation
 
 __all__ = ["sample"]
 
@@ -59,6 +60,7 @@ def sample(
     batched: bool = False,
     engine: str = "auto",
     compile: bool | str = "auto",
+    adapted_from: Any = None,
 ) -> Any:
     """Draw from a log density with HMC or NUTS; return an ArviZ ``DataTree``.
 
@@ -98,6 +100,9 @@ def sample(
         environment variable is not set.
     batched : bool
         ``log_prob`` takes ``(C, D)`` and returns ``(C,)``.
+    adapted_from : DataTree, optional
+        A previous run whose adapted step sizes and inverse metrics this run starts from
+        (:mod:`hmc.warm_start`): with ``warmup=0`` they are used as they are.
     engine : "auto", "numpy" or "torch"
         Where the sampler's own arithmetic runs (:mod:`hmc.arrays`): ``"auto"`` picks
         NumPy on the CPU and torch on other devices, once per run, whatever the number of
@@ -146,6 +151,7 @@ def sample(
         batched=batched,
     )
     metric = settings.metric
+    adapted = None if adapted_from is None else read_adaptation(adapted_from)
     device = settings.device
     target = as_target(log_prob, dim, batched)
     potential = Potential(target.log_prob, batched=target.batched, compile=settings.compile)
@@ -165,11 +171,17 @@ def sample(
         state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
         dim = state.position.shape[1]
 
-        unit = torch.ones(chains, dim, dtype=dtype, device=device)
-        params = Params(
-            torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
-            metric_from_inverse(torch.diag_embed(unit) if metric == "dense" else unit),
-        )
+        if adapted_from is None:
+            unit = torch.ones(chains, dim, dtype=dtype, device=device)
+            params = Params(
+                torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
+                metric_from_inverse(torch.diag_embed(unit) if metric == "dense" else unit),
+            )
+        else:
+            steps, inverse = adapted_parameters(
+                adapted, chains, dim, metric == "dense", dtype, device
+            )
+            params = Params(steps, metric_from_inverse(inverse))
         adapter = StanWarmup(
             schedule=build_schedule(warmup, device=device),
             search=functools.partial(find_reasonable_step_size, potential=potential),
@@ -179,7 +191,7 @@ def sample(
         )
         tuning_started = time.perf_counter()
         adaptation = None
-        if warmup > 0 or step_size is None:
+        if warmup > 0 or (step_size is None and adapted_from is None):
             adaptation, params = adapter.init(state, params, keys)
         if settings.engine == "numpy":  # the same records as NumPy arrays sharing their memory
             state, adaptation = as_arrays(state), as_arrays(adaptation)
