@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -160,10 +161,12 @@ def run_demo(
     progress: bool | None = None,
     echo: Callable[[str], Any] = print,
 ):
-    """Sample ``model``, print its summary and write ``trace.png``, ``rank.png``,
-    ``energy.png`` and ``run.nc`` to ``out``. Returns the ``DataTree``.
+    """Sample ``model``, print its summary and write ``run.nc`` (first), ``trace.png``,
+    ``rank.png`` and ``energy.png`` to ``out``. Returns the ``DataTree``.
 
-    ``kernel=None`` uses :func:`hmc.sample`'s default kernel.
+    ``out`` is checked to be a writable folder before sampling starts. Every file is
+    written to a temporary name and then renamed, so a run killed while writing leaves
+    the previous file whole. ``kernel=None`` uses :func:`hmc.sample`'s default kernel.
     """
     import matplotlib
 
@@ -173,7 +176,7 @@ def run_demo(
 
     import hmc
 
-    os.makedirs(out, exist_ok=True)
+    _check_writable(out)
     options: dict[str, Any] = {}
     if kernel is not None:
         options["kernel"] = kernel
@@ -213,6 +216,10 @@ def run_demo(
         f"{dt.attrs['n_gradient_evaluations']} gradient evaluations, "
         f"{divergences} divergent transitions)"
     )
+    # the run's data first: a failure in a plot cannot lose it
+    _write_atomically(
+        os.path.join(out, "run.nc"), lambda path: dt.to_netcdf(path, engine="h5netcdf")
+    )
     with az.rc_context({"plot.backend": "matplotlib"}):
         echo(az.summary(dt).to_string())
         names = list(plot_vars) if plot_vars else None
@@ -222,9 +229,38 @@ def run_demo(
             "energy.png": az.plot_energy(dt),
         }
         for filename, plot in paths.items():
-            plot.savefig(os.path.join(out, filename), dpi=80)
+            _write_atomically(
+                os.path.join(out, filename),
+                lambda path, p=plot: p.savefig(path, dpi=80, format="png"),
+            )
     plt.close("all")
-    path = os.path.join(out, "run.nc")
-    dt.to_netcdf(path, engine="h5netcdf")
-    echo(f"wrote {', '.join(os.path.join(out, f) for f in (*paths, 'run.nc'))}")
+    echo(f"wrote {', '.join(os.path.join(out, f) for f in ('run.nc', *paths))}")
     return dt
+
+
+def _check_writable(out: str | os.PathLike) -> None:
+    """Make the folder ``out`` and check that files can be created in it, before any
+    sampling; raise naming it otherwise."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".hmc-check-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"out={str(out)!r} is not a writable folder: {error}") from None
+
+
+def _write_atomically(path: str, write: Callable[[str], Any]) -> None:
+    """``write(temporary)`` beside ``path``, flushed to disk, then renamed to ``path``: a
+    reader (or a later run) sees the old file or the new one, never half of one."""
+    folder, name = os.path.split(path)
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        write(temporary)
+        with open(temporary, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise

@@ -123,6 +123,42 @@ def test_demo_in_process_with_static_hmc(tmp_path, capsys):
     assert np.array_equal(again["posterior"]["mu"].values, dt["posterior"]["mu"].values)
 
 
+def test_an_unwritable_out_fails_before_sampling(tmp_path, monkeypatch):
+    """A file where the folder should be is named at once: nothing is sampled (and so
+    nothing is lost after a long run)."""
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a folder")
+    monkeypatch.setattr(hmc, "sample", lambda *a, **k: pytest.fail("sampled before checking out"))
+    with pytest.raises(ValueError, match="is not a writable folder"):
+        run_demo(blocker / "out", chains=2, draws=10, warmup=10, echo=lambda _: None)
+
+
+def test_a_failed_write_leaves_the_previous_run_whole(tmp_path, monkeypatch):
+    """run.nc is written to a temporary name and renamed: when writing fails midway (a
+    kill, a full disk), the previous run.nc still opens, and no temporary file is left."""
+    import xarray
+
+    run_demo(tmp_path, chains=2, draws=20, warmup=20, seed=1, echo=lambda _: None)
+    before = xarray.open_datatree(tmp_path / "run.nc", engine="h5netcdf")["posterior"]["mu"].values
+
+    def broken_write(self, path, **kwargs):
+        with open(path, "wb") as partial:
+            partial.write(b"\x89HDF half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(xarray.DataTree, "to_netcdf", broken_write)
+    with pytest.raises(OSError, match="disk full"):
+        run_demo(tmp_path, chains=2, draws=20, warmup=20, seed=2, echo=lambda _: None)
+    after = xarray.open_datatree(tmp_path / "run.nc", engine="h5netcdf")["posterior"]["mu"].values
+    np.testing.assert_array_equal(after, before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "energy.png",
+        "rank.png",
+        "run.nc",
+        "trace.png",
+    ]
+
+
 # ---------------------------------------------------------------------- the model
 def reference_log_prob(q: torch.Tensor) -> torch.Tensor:
     """Eight schools, non-centred, written with torch.distributions (one position)."""
