@@ -20,6 +20,8 @@ import torch
 __all__ = ["MemoCache"]
 
 DEFAULT_MAXSIZE = 4096
+#: the default bound on the memory the entries hold (keys and values): 64 MiB
+DEFAULT_MAX_BYTES = 64 * 2**20
 
 
 class MemoCache:
@@ -29,11 +31,18 @@ class MemoCache:
     ----------
     maxsize : int
         The most rows kept; the least recently used row is dropped beyond it.
+    max_bytes : int
+        The most memory the entries may hold (each row's key, its position's bytes, and
+        its potential and gradient); least recently used rows are dropped beyond it. At
+        D = 10,000 in float64 a row takes about 160 kB, so the default 64 MiB keeps about
+        400 rows, not ``maxsize``.
 
     Attributes
     ----------
     hits, misses : int
         Rows served from the cache and rows that had to be computed.
+    nbytes : int
+        The memory the entries hold now.
 
     Examples
     --------
@@ -41,10 +50,13 @@ class MemoCache:
     >>> potential = hmc.Potential(log_prob, cache=cache)   # doctest: +SKIP
     """
 
-    def __init__(self, maxsize: int = DEFAULT_MAXSIZE) -> None:
-        if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 1:
-            raise ValueError(f"maxsize must be a positive integer, got {maxsize!r}")
+    def __init__(self, maxsize: int = DEFAULT_MAXSIZE, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        for name, value in (("maxsize", maxsize), ("max_bytes", max_bytes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.maxsize = maxsize
+        self.max_bytes = max_bytes
+        self.nbytes = 0
         self.hits = 0
         self.misses = 0
         self._store: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
@@ -55,6 +67,7 @@ class MemoCache:
     def clear(self) -> None:
         """Drop every entry (the counters are kept)."""
         self._store.clear()
+        self.nbytes = 0
 
     @staticmethod
     def keys_for(positions: torch.Tensor) -> list[tuple]:
@@ -79,7 +92,17 @@ class MemoCache:
     def store(self, keys: list[tuple], potential: torch.Tensor, grad: torch.Tensor) -> None:
         """Keep rows ``potential[i]`` (0-d) and ``grad[i]`` ``(D,)`` under ``keys[i]``."""
         for i, key in enumerate(keys):
-            self._store[key] = (potential[i].clone(), grad[i].clone())
-            self._store.move_to_end(key)
-        while len(self._store) > self.maxsize:
-            self._store.popitem(last=False)
+            entry = (potential[i].clone(), grad[i].clone())
+            old = self._store.pop(key, None)
+            if old is not None:
+                self.nbytes -= _entry_bytes(key, old)
+            self._store[key] = entry
+            self.nbytes += _entry_bytes(key, entry)
+        while len(self._store) > self.maxsize or (self.nbytes > self.max_bytes and self._store):
+            key, entry = self._store.popitem(last=False)
+            self.nbytes -= _entry_bytes(key, entry)
+
+
+def _entry_bytes(key: tuple, entry: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """The memory one entry holds: its key's position bytes and its two tensors."""
+    return len(key[-1]) + sum(x.numel() * x.element_size() for x in entry)

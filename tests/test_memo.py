@@ -105,6 +105,28 @@ def test_maxsize_validated():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="maxsize"):
             MemoCache(maxsize=bad)
+        with pytest.raises(ValueError, match="max_bytes"):
+            MemoCache(max_bytes=bad)
+
+
+def test_memory_is_bounded_in_bytes_not_only_rows():
+    """At D = 10,000 in float64 a row holds 160 kB (its key's bytes, the gradient and the
+    potential): a 1 MiB bound keeps 6 rows, whatever maxsize allows, and counts them."""
+    dim = 10_000
+    cache = MemoCache(maxsize=4096, max_bytes=2**20)
+    q = torch.arange(20 * dim, dtype=torch.float64).reshape(20, dim)
+    keys = MemoCache.keys_for(q)
+    cache.store(keys, torch.zeros(20, dtype=torch.float64), q.clone())
+    row = dim * 8 * 2 + 8
+    assert len(cache) == 2**20 // row == 6
+    assert cache.nbytes == 6 * row <= cache.max_bytes
+    # the most recent rows are the ones kept
+    assert all(found is not None for found in cache.lookup(keys[-6:]))
+    assert cache.lookup(keys[:14]) == [None] * 14
+    cache.store(keys[-1:], torch.ones(1, dtype=torch.float64), q[-1:])  # a key stored again
+    assert cache.nbytes == 6 * row
+    cache.clear()
+    assert cache.nbytes == 0 and len(cache) == 0
 
 
 # ---------------------------------------------------------------------- a hand-written loop
