@@ -15,7 +15,7 @@ from hmc.memo import MemoCache
 from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
 from hmc.parameters import Model, Param
 from hmc.potential import Potential
-from hmc.sampler import sample
+from hmc.sampler import resume, sample
 from hmc.state import State
 
 __version__ = "0.1.0"
@@ -35,6 +35,7 @@ __all__ = [
     "leapfrog",
     "metric_from_inverse",
     "models",
+    "resume",
     "sample",
     "shared_inner_grads",
     "tempered_value_and_grad",

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hmc.atomic import write_atomically
+
 __all__ = ["MODELS", "DemoModel", "eight_schools", "get_model", "run_demo"]
 
 
@@ -217,7 +219,7 @@ def run_demo(
         f"{divergences} divergent transitions)"
     )
     # the run's data first: a failure in a plot cannot lose it
-    _write_atomically(
+    write_atomically(
         os.path.join(out, "run.nc"), lambda path: dt.to_netcdf(path, engine="h5netcdf")
     )
     with az.rc_context({"plot.backend": "matplotlib"}):
@@ -229,7 +231,7 @@ def run_demo(
             "energy.png": az.plot_energy(dt),
         }
         for filename, plot in paths.items():
-            _write_atomically(
+            write_atomically(
                 os.path.join(out, filename),
                 lambda path, p=plot: p.savefig(path, dpi=80, format="png"),
             )
@@ -247,20 +249,3 @@ def _check_writable(out: str | os.PathLike) -> None:
             pass
     except OSError as error:
         raise ValueError(f"out={str(out)!r} is not a writable folder: {error}") from None
-
-
-def _write_atomically(path: str, write: Callable[[str], Any]) -> None:
-    """``write(temporary)`` beside ``path``, flushed to disk, then renamed to ``path``: a
-    reader (or a later run) sees the old file or the new one, never half of one."""
-    folder, name = os.path.split(path)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(temporary)
-        with open(temporary, "rb") as written:
-            os.fsync(written.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise

@@ -13,24 +13,27 @@ call, together with the kernel's ``readout``, never per leapfrog step.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from hmc.adapt.warmup import StanWarmup, WarmupState
+from hmc.checkpoint import Snapshot
 from hmc.kernels.base import Kernel, Phase, Step
 from hmc.potential import Potential
 from hmc.recorder import Recorder
-from hmc.state import Params, State
+from hmc.state import Params, State, where_rows
 
 __all__ = ["Run", "Timing", "run_chains"]
 
 
 class Run(NamedTuple):
     """What the loop runs: the kernel, the energy module, the chain keys ``(C,)``, the
-    numbers of warmup and kept iterations, and the warmup's adapter (its schedule's masks
-    in the engine's arrays)."""
+    numbers of warmup and kept iterations, the warmup's adapter (its schedule's masks in
+    the engine's arrays), and the checkpoints: ``checkpoint(snapshot)`` called every
+    ``checkpoint_every`` iterations and at the end of warmup (None: no checkpoints)."""
 
     kernel: Kernel
     potential: Potential
@@ -38,6 +41,8 @@ class Run(NamedTuple):
     warmup: int
     draws: int
     adapter: StanWarmup
+    checkpoint: Callable[[Snapshot], None] | None = None
+    checkpoint_every: int = 0
 
 
 class Timing(NamedTuple):
@@ -72,28 +77,43 @@ def run_chains(
     adaptation: WarmupState | None,
     recorder: Recorder,
     bar: Any = None,
+    resume: Snapshot | None = None,
 ) -> tuple[Params, Timing, np.ndarray]:
     """Run every chain from ``state`` through warmup and sampling, recording each
     transition in ``recorder``. ``state``, the step sizes and ``adaptation`` are arrays of the
     run's engine (the metric is tensors); ``adaptation`` is None when nothing adapts.
 
     A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM under :func:`hmc.interrupts.terminate_as_interrupt`)
-    ends the loop early, keeping what was recorded. Returns the final kernel parameters,
-    the timing and the iterations each chain completed ``(C,)`` (NumPy; ``warmup +
-    draws`` each unless interrupted)."""
+    ends the loop early, keeping what was recorded. ``resume``, a checkpoint's snapshot,
+    continues a run from there (``state``, ``params``, ``adaptation`` and ``recorder``
+    already restored). Returns the final kernel parameters, the timing and the iterations
+    each chain completed ``(C,)`` (NumPy; ``warmup + draws`` each unless interrupted).
+
+    With checkpoints, every chain stops at each checkpoint's iteration until all have
+    reached it; the snapshot is written and the kernel starts afresh from there (each
+    chain's draws depend only on its own history, so this changes no draw). The last
+    checkpoint is written at the end of the run."""
     kernel, warmup = run.kernel, run.warmup
     total = warmup + run.draws
     chains = state.potential.shape[0]
-    kernel_state = kernel.init(state)
-    host_iteration = np.zeros(chains, dtype=np.int64)  # while the kernel reports on the host
+    first = resume.iteration if resume is not None else 0
+    kernel_state = kernel.init(state, first)
+    host_iteration = np.full(chains, first, dtype=np.int64)  # while the kernel reports on the host
     if isinstance(state.potential, np.ndarray):
         iteration = host_iteration
     else:
-        iteration = torch.zeros(chains, dtype=torch.int64, device=state.potential.device)
-    phase = Phase(sampling=iteration >= warmup, left=total - iteration)
-    counts = _Counts(False, False, False, 0, 0, chains if warmup > 0 else 0, chains)
-    warmup_seconds, started = None, time.perf_counter()
-    useful = slots = 0.0  # useful becomes an array sum, read once at the end
+        iteration = torch.full((chains,), first, dtype=torch.int64, device=state.potential.device)
+    stops = _stops(first, warmup, total, run.checkpoint_every if run.checkpoint else 0)
+    stop = stops.pop(0)  # chains wait for each other there: a checkpoint, or the end
+    phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
+    warming = chains if first < warmup else 0
+    counts = _Counts(False, False, False, first * chains, first, warming, chains)
+    latest = state  # each chain's last state, kept for the checkpoints
+    if resume is None:
+        warmup_seconds, started, useful, slots = None, time.perf_counter(), 0.0, 0.0
+    else:
+        warmup_seconds, useful, slots = resume.warmup_seconds, resume.useful, resume.slots
+        started = time.perf_counter() - resume.seconds
     try:
         while counts.least < total:
             was_warming, done_before = counts.warming, counts.total_done
@@ -128,8 +148,10 @@ def run_chains(
                     if counts.warming < was_warming:  # some chains left their warmup
                         leaving = step.done & (iteration == warmup - 1)
                         params = adapter.final(adaptation, params, leaving)
+                if run.checkpoint is not None:
+                    latest = where_rows(step.done, step.state, latest)
                 iteration = iteration + step.done
-                phase = Phase(sampling=iteration >= warmup, left=total - iteration)
+                phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
                 if isinstance(iteration, np.ndarray):
                     host_iteration = iteration
                 elif step.finished is not None:
@@ -142,11 +164,42 @@ def run_chains(
             if bar is not None and counts.any_done:
                 bar.update(counts.total_done - done_before)
                 bar.set_postfix(divergences=int(recorder.divergences), refresh=False)
+            if run.checkpoint is not None and counts.least == stop:  # all at the checkpoint
+                run.checkpoint(
+                    Snapshot(
+                        stop,
+                        latest,
+                        params.step_size,
+                        params.metric.inverse,
+                        adaptation,
+                        recorder.positions,
+                        recorder.buffers,
+                        int(recorder.divergences),
+                        warmup_seconds,
+                        float(useful),
+                        slots,
+                        time.perf_counter() - started,
+                    )
+                )
+                if stop == total:
+                    break
+                kernel_state = kernel.init(latest, stop)
+                stop = stops.pop(0)
+                phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the draws so far are kept
         pass
     timing = Timing(warmup_seconds or 0.0, float(useful) / slots if slots else 1.0)
     completed = iteration if isinstance(iteration, np.ndarray) else iteration.numpy(force=True)
     return params, timing, completed
+
+
+def _stops(first: int, warmup: int, total: int, every: int) -> list[int]:
+    """The iterations after ``first`` where every chain waits for the others: each
+    multiple of ``every`` (none when 0) and the end of warmup, then the run's end."""
+    stops = set(range(every, total, every)) if every else set()
+    if every and 0 < warmup < total:
+        stops.add(warmup)
+    return [*sorted(s for s in stops if s > first), total]
 
 
 def _advanced(iteration: np.ndarray, finished: np.ndarray) -> np.ndarray:

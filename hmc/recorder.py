@@ -84,6 +84,20 @@ class Recorder:
             self._buffer(name, value)[rows, slot] = value
         self.divergences = self.divergences + (info.diverging & keep).sum()
 
+    def restore(
+        self, positions: torch.Tensor, stats: dict[str, torch.Tensor], divergences: int
+    ) -> None:
+        """Take the buffers and the divergence count of a checkpoint (CPU tensors of this
+        recorder's shapes) in place of its own."""
+        like = self.positions
+
+        def convert(x: torch.Tensor) -> torch.Tensor | np.ndarray:
+            return x.numpy() if isinstance(like, np.ndarray) else x.to(like.device)
+
+        self.positions = convert(positions)
+        self.buffers = {name: convert(x) for name, x in stats.items()}
+        self.divergences = divergences
+
     def _buffer(self, name: str, like: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         """The buffer of statistic ``name``, made on first use with the dtype of ``like``."""
         buffer = self.buffers.get(name)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +24,7 @@ from hmc._torch_compat import distribution_validation_off
 from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors
+from hmc.checkpoint import Snapshot, read_checkpoint, write_checkpoint
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
 from hmc.interrupts import kept_draws, terminate_as_interrupt
 from hmc.kernels.base import Kernel
@@ -30,8 +34,15 @@ from hmc.potential import Potential
 from hmc.random import chain_keys
 from hmc.recorder import Recorder
 from hmc.run_warnings import warn_about_run
-from hmc.settings import as_target, check_dense_memory, init_radius, validate
-from hmc.state import Params
+from hmc.settings import (
+    DEFAULT_CHECKPOINT_EVERY,
+    KERNELS,
+    as_target,
+    check_dense_memory,
+    init_radius,
+    validate,
+)
+from hmc.state import Params, State
 from hmc.step_size_search import find_reasonable_step_size
 from hmc.target import Target
 from hmc.to_arviz import adaptation_group, run_attrs, to_datatree
@@ -61,6 +72,8 @@ def sample(
     engine: str = "auto",
     compile: bool | str = "auto",
     adapted_from: Any = None,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
 ) -> Any:
     """Draw from a log density with HMC or NUTS; return an ArviZ ``DataTree``.
 
@@ -103,6 +116,13 @@ def sample(
     adapted_from : DataTree, optional
         A previous run whose adapted step sizes and inverse metrics this run starts from
         (:mod:`hmc.warm_start`): with ``warmup=0`` they are used as they are.
+    checkpoint : path, optional
+        Write a checkpoint there every ``checkpoint_every`` iterations (default 100) and
+        at the end of warmup; when the file exists, continue the run it holds (the same
+        arguments are required; :func:`hmc.resume` reads them from the file). See
+        :mod:`hmc.checkpoint`.
+    checkpoint_every : int, optional
+        Iterations between checkpoints.
     engine : "auto", "numpy" or "torch"
         Where the sampler's own arithmetic runs (:mod:`hmc.arrays`): ``"auto"`` picks
         NumPy on the CPU and torch on other devices, once per run, whatever the number of
@@ -149,10 +169,25 @@ def sample(
         engine=engine,
         compile=compile,
         batched=batched,
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
     )
+    if checkpoint is not None and checkpoint_every is None:
+        checkpoint_every = DEFAULT_CHECKPOINT_EVERY
     metric = settings.metric
     adapted = None if adapted_from is None else read_adaptation(adapted_from)
     device = settings.device
+    saved = None
+    if checkpoint is not None and os.path.exists(checkpoint):
+        saved = read_checkpoint(checkpoint)
+        if seed is None:  # the checkpoint's run had its seed drawn: continue it
+            settings = settings._replace(seed=saved["settings"]["seed"])
+    identity = _run_identity(settings, warmup, draws, target_accept, step_size, dtype)
+    identity.update(
+        chains=chains, save_warmup=save_warmup, batched=batched, checkpoint_every=checkpoint_every
+    )
+    if saved is not None:
+        _check_same_run(checkpoint, saved["settings"], identity)
     target = as_target(log_prob, dim, batched)
     potential = Potential(target.log_prob, batched=target.batched, compile=settings.compile)
     bar = _progress_bar(chains * (warmup + draws), settings.progress)
@@ -160,28 +195,6 @@ def sample(
         if bar is not None:
             potential.on_compile = functools.partial(_show_compiling, bar)
         keys = chain_keys(settings.seed, torch.arange(chains, device=device))
-
-        started = time.perf_counter()
-        radius = init_radius(init)
-        position = target.initial_positions(init, chains, dtype, device) if radius is None else None
-        radius = DEFAULT_INIT_RADIUS if radius is None else radius
-        if position is not None or target.dim is not None:  # else initial_state says dim is needed
-            dim = position.shape[1] if position is not None else target.dim
-            check_dense_memory(metric, chains, dim, dtype, device)
-        state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
-        dim = state.position.shape[1]
-
-        if adapted_from is None:
-            unit = torch.ones(chains, dim, dtype=dtype, device=device)
-            params = Params(
-                torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
-                metric_from_inverse(torch.diag_embed(unit) if metric == "dense" else unit),
-            )
-        else:
-            steps, inverse = adapted_parameters(
-                adapted, chains, dim, metric == "dense", dtype, device
-            )
-            params = Params(steps, metric_from_inverse(inverse))
         adapter = StanWarmup(
             schedule=build_schedule(warmup, device=device),
             search=functools.partial(find_reasonable_step_size, potential=potential),
@@ -189,16 +202,54 @@ def sample(
             adapt_metric=metric != "identity",
             dense=metric == "dense",
         )
-        tuning_started = time.perf_counter()
-        adaptation = None
-        if warmup > 0 or (step_size is None and adapted_from is None):
-            adaptation, params = adapter.init(state, params, keys)
+        started = time.perf_counter()
+        resume = None
+        if saved is None:
+            radius = init_radius(init)
+            position = (
+                target.initial_positions(init, chains, dtype, device) if radius is None else None
+            )
+            radius = DEFAULT_INIT_RADIUS if radius is None else radius
+            if position is not None or target.dim is not None:  # else initial_state asks for dim
+                dim = position.shape[1] if position is not None else target.dim
+                check_dense_memory(metric, chains, dim, dtype, device)
+            state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
+            dim = state.position.shape[1]
+            if adapted_from is None:
+                unit = torch.ones(chains, dim, dtype=dtype, device=device)
+                params = Params(
+                    torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
+                    metric_from_inverse(torch.diag_embed(unit) if metric == "dense" else unit),
+                )
+            else:
+                steps, inverse = adapted_parameters(
+                    adapted, chains, dim, metric == "dense", dtype, device
+                )
+                params = Params(steps, metric_from_inverse(inverse))
+            tuning_started = time.perf_counter()
+            adaptation = None
+            if warmup > 0 or (step_size is None and adapted_from is None):
+                adaptation, params = adapter.init(state, params, keys)
+        else:  # the clocks go on from the checkpoint's time
+            started = tuning_started = started - saved["seconds"]
+            state, params, adaptation, resume = _restored(saved, dtype, device)
+            dim = state.position.shape[1]
+            potential.evaluations = saved["evaluations"]
         if settings.engine == "numpy":  # the same records as NumPy arrays sharing their memory
             state, adaptation = as_arrays(state), as_arrays(adaptation)
             params = Params(params.step_size.numpy(), params.metric)  # the metric stays tensors
             adapter = dataclasses.replace(adapter, schedule=as_arrays(adapter.schedule))
-        run = Run(settings.kernel, potential, keys, warmup, draws, adapter)
         recorder = Recorder(chains, warmup, draws, dim, save_warmup, state.position)
+        if resume is not None:
+            recorder.restore(resume.positions, resume.stats, resume.divergences)
+        save = None
+        if checkpoint is not None:
+            save = functools.partial(
+                _save_checkpoint, checkpoint, {**identity, "dim": dim}, potential
+            )
+        run = Run(
+            settings.kernel, potential, keys, warmup, draws, adapter, save, checkpoint_every or 0
+        )
         # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
         # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy
         # there is a rejection or a divergence). Ctrl-C or SIGTERM ends the loop, keeping the
@@ -208,11 +259,20 @@ def sample(
             np.errstate(over="ignore", invalid="ignore"),
             terminate_as_interrupt(),
         ):
-            params, timing, completed = run_chains(run, state, params, adaptation, recorder, bar)
+            params, timing, completed = run_chains(
+                run, state, params, adaptation, recorder, bar, resume
+            )
     finally:
         if bar is not None:
             bar.close()
     finished = time.perf_counter()
+    if completed.min() < warmup + draws and checkpoint is not None and os.path.exists(checkpoint):
+        warnings.warn(
+            f"the run can go on from its last checkpoint: hmc.resume({str(checkpoint)!r}, "
+            "log_prob)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     kept_count = kept_draws(completed, warmup, draws)  # raises if no draw exists yet
 
     attrs = run_attrs(
@@ -254,6 +314,108 @@ def sample(
     )
     tree["adaptation"] = adaptation_group(as_tensors(params))
     return tree
+
+
+def resume(
+    checkpoint: str | os.PathLike,
+    log_prob: Callable[[torch.Tensor], torch.Tensor] | Target,
+    *,
+    progress: bool | None = None,
+) -> Any:
+    """Continue the run whose checkpoint is at ``checkpoint`` (see :mod:`hmc.checkpoint`)
+    and return its DataTree, as :func:`sample` would have.
+
+    Every setting comes from the file; ``log_prob`` must be the run's log density (a
+    function cannot be stored safely), and is checked against the saved positions.
+
+    Examples
+    --------
+    >>> dt = hmc.resume("run.ckpt", log_prob)  # doctest: +SKIP
+    """
+    saved = read_checkpoint(checkpoint)["settings"]
+    kernel = KERNELS[saved["kernel"]["name"].lower()](**saved["kernel"]["fields"])
+    dtype = getattr(torch, saved["dtype"].removeprefix("torch."))
+    as_saved = {name: saved[name] for name in saved.keys() - {"kernel", "dtype"}}
+    return sample(
+        log_prob, **as_saved, kernel=kernel, dtype=dtype, progress=progress, checkpoint=checkpoint
+    )
+
+
+def _run_identity(
+    settings: Any,
+    warmup: int,
+    draws: int,
+    target_accept: float,
+    step_size: float | None,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    """What makes a run the same run, as plain values (stored in its checkpoints)."""
+    kernel = settings.kernel
+    return {
+        "warmup": warmup,
+        "draws": draws,
+        "kernel": {"name": type(kernel).__name__, "fields": dataclasses.asdict(kernel)},
+        "metric": settings.metric,
+        "target_accept": float(target_accept),
+        "step_size": step_size,
+        "seed": settings.seed,
+        "dtype": str(dtype),
+        "device": str(settings.device),
+        "engine": settings.engine,
+        "compile": settings.compile,
+    }
+
+
+def _check_same_run(path: Any, saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Raise naming the settings in which the checkpoint at ``path`` differs from this
+    run (its dimension is checked against the density later)."""
+    plain = lambda d: json.loads(json.dumps({k: v for k, v in d.items() if k != "dim"}))  # noqa: E731
+    saved, current = plain(saved), plain(current)
+    differing = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
+    if differing:
+        details = ", ".join(
+            f"{k}: {saved.get(k)!r} there, {current.get(k)!r} here" for k in differing
+        )
+        raise ValueError(
+            f"checkpoint {str(path)!r} belongs to another run ({details}); remove it or "
+            "pass the settings it was written with (hmc.resume reads them from it)"
+        )
+
+
+def _restored(saved: dict[str, Any], dtype: torch.dtype, device: torch.device):
+    """The state, parameters, adaptation and loop snapshot of a checkpoint, as tensors on
+    the run's device."""
+    to = lambda x: x.to(device)  # noqa: E731
+    state = State(*map(to, saved["state"]))
+    params = Params(to(saved["step_size"]), metric_from_inverse(to(saved["inverse_metric"])))
+    adaptation = saved["adaptation"]
+    if adaptation is not None:
+        adaptation = type(adaptation)(
+            type(adaptation.dual_averaging)(*map(to, adaptation.dual_averaging)),
+            type(adaptation.welford)(*map(to, adaptation.welford)),
+            to(adaptation.search_counter),
+        )
+    resume = Snapshot(
+        saved["iteration"],
+        state,
+        params.step_size,
+        params.metric.inverse,
+        adaptation,
+        saved["positions"],
+        saved["stats"],
+        saved["divergences"],
+        saved["warmup_seconds"],
+        saved["useful"],
+        saved["slots"],
+        saved["seconds"],
+    )
+    return state, params, adaptation, resume
+
+
+def _save_checkpoint(
+    path: Any, identity: dict[str, Any], potential: Potential, snapshot: Snapshot
+) -> None:
+    write_checkpoint(path, snapshot, {"settings": identity, "evaluations": potential.evaluations})
 
 
 def _progress_bar(total: int, enabled: bool):

@@ -26,6 +26,7 @@ from hmc.target import FlatTarget, Target
 
 __all__ = [
     "AUTO_COMPILE_ITERATIONS",
+    "DEFAULT_CHECKPOINT_EVERY",
     "KERNELS",
     "METRICS",
     "Settings",
@@ -41,6 +42,8 @@ METRICS = ("identity", "diag", "dense")
 #: built-in posterior take longer than compiling it (benchmarks/RESULTS.md, compiled
 #: energy). Shorter runs (tests, a quick look) stay eager.
 AUTO_COMPILE_ITERATIONS = 1000
+#: iterations between checkpoints when ``checkpoint=`` is given alone
+DEFAULT_CHECKPOINT_EVERY = 100
 KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS}
 
 
@@ -98,6 +101,7 @@ def validate(**kw: Any) -> Settings:
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
     if kw["dim"] is not None and (not _is_int(kw["dim"]) or kw["dim"] < 1):
         raise ValueError(f"dim must be a positive integer, got {kw['dim']!r}")
+    _check_checkpoint(kw["checkpoint"], kw["checkpoint_every"])
     for name in ("save_warmup", "batched"):
         if not isinstance(kw[name], bool | np.bool_):
             raise TypeError(f"{name} must be True or False, got {kw[name]!r}")
@@ -121,6 +125,24 @@ def validate(**kw: Any) -> Settings:
         engine_for(device, kw["engine"]),
         compile,
     )
+
+
+def _check_checkpoint(path: Any, every: Any) -> None:
+    """A checkpoint's path must be a file name in a writable folder; its interval a
+    positive integer, given only with a path."""
+    if every is not None and (not _is_int(every) or every < 1):
+        raise ValueError(f"checkpoint_every must be a positive integer, got {every!r}")
+    if path is None:
+        if every is not None:
+            raise ValueError("checkpoint_every needs checkpoint=PATH, where to write them")
+        return
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"checkpoint must be a file path, got {type(path).__name__}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(
+            f"checkpoint={str(path)!r} must name a file in an existing, writable folder"
+        )
 
 
 def _device(device: Any) -> torch.device:

@@ -2,10 +2,10 @@
 the driver makes.
 
 A kernel is a set of settings with plain functions over explicit state. The driver calls
-``kernel.init(state)`` once and then ``kernel.step(...)`` repeatedly, telling each call in a
-:class:`Phase` which chains are past their warmup and how many transitions each has left
-(the run's counts live in the driver); each call returns the new kernel state and a
-:class:`Step`: which chains completed a transition,
+``kernel.init(state)`` (again after each checkpoint) and then ``kernel.step(...)``
+repeatedly, telling each call in a :class:`Phase` which chains are past their warmup and
+how many transitions each has left (the run's counts live in the driver); each call
+returns the new kernel state and a :class:`Step`: which chains completed a transition,
 their new states and their transition statistics, and how much leapfrog work each chain
 did. Static HMC completes one transition of every running chain per call; NUTS advances
 every running chain by one leapfrog step per call, so chains never wait for each other.
@@ -73,8 +73,9 @@ class Kernel(Protocol):
     #: names of the per-transition statistics the kernel reports (ArviZ names)
     stat_names: tuple[str, ...]
 
-    def init(self, state: State) -> NamedTuple:
-        """Kernel state for chains at ``state`` (its arrays pick the engine)."""
+    def init(self, state: State, first_transition: int = 0) -> NamedTuple:
+        """Kernel state for chains at ``state`` (its arrays pick the engine), each to begin
+        its transition number ``first_transition`` at the first call."""
         ...
 
     def step(

@@ -133,13 +133,14 @@ class HMC:
         if not self.max_energy_error > 0:
             raise ValueError(f"max_energy_error must be positive, got {self.max_energy_error!r}")
 
-    def init(self, state: State) -> HMCState:
+    def init(self, state: State, first_transition: int = 0) -> HMCState:
         """Kernel state for chains at ``state`` (tensors, or NumPy arrays for the NumPy
-        engine), each to begin its transition number 0 at the first call."""
+        engine), each to begin its transition number ``first_transition`` at the first
+        call."""
         xp = namespace(state.position)
         ones = xp.ones_like(state.potential)
         readout = ones[:0].astype(np.int64) if xp is np else ones[:0].to(torch.int64)
-        return HMCState(state, 0, None, ones, None, ones > 0, readout=readout)
+        return HMCState(state, first_transition, None, ones, None, ones > 0, readout=readout)
 
     def step(
         self,
@@ -158,8 +159,8 @@ class HMC:
         size = max(1, min(MAX_BLOCK, BLOCK_VALUES // (chains * (dim + 2))))
         slot = kernel_state.transitions % size
         on_numpy = kernel_state.on_host
-        if block is None or slot == 0:
-            first = torch.full((chains, 1), kernel_state.transitions, device=keys.device)
+        if block is None or slot == 0:  # the block of transitions this one belongs to
+            first = torch.full((chains, 1), kernel_state.transitions - slot, device=keys.device)
             counters = first + torch.arange(size, device=keys.device)
             block = self.draws(keys, counters, dim, dtype)
             if on_numpy:

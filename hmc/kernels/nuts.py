@@ -215,14 +215,14 @@ class NUTS:
         return tuple(depth) if isinstance(depth, tuple | list) else (depth, depth)
 
     # ------------------------------------------------------------------ driver API
-    def init(self, state: State) -> NUTSState | nuts_host.HostNUTSState:
-        """Kernel state for chains at ``state``, each to begin its transition number 0 at
-        the first call. NumPy arrays (the NumPy engine) get each chain's tree on the host,
-        tensors the batched trees."""
+    def init(self, state: State, first_transition: int = 0) -> NUTSState | nuts_host.HostNUTSState:
+        """Kernel state for chains at ``state``, each to begin its transition number
+        ``first_transition`` at the first call. NumPy arrays (the NumPy engine) get each
+        chain's tree on the host, tensors the batched trees."""
         position = state.position
         chains, dim = position.shape
         if isinstance(position, np.ndarray):
-            return nuts_host.init(state, self._depths(), self.max_energy_error)
+            return nuts_host.init(state, self._depths(), self.max_energy_error, first_transition)
         device = position.device
         levels = max(self._depths())
         zeros_c = torch.zeros(chains, dtype=position.dtype, device=device)
@@ -258,7 +258,7 @@ class NUTS:
         )
         starting = ~falses
         return NUTSState(
-            transition=ints,
+            transition=ints + first_transition,
             in_flight=falses,
             new_doubling=falses,
             starting=starting,

@@ -153,15 +153,19 @@ class _Edges(NamedTuple):
     metric: Metric
 
 
-def init(state: State, depths: tuple[int, int], max_energy_error: float) -> HostNUTSState:
+def init(
+    state: State, depths: tuple[int, int], max_energy_error: float, first_transition: int = 0
+) -> HostNUTSState:
     """Host kernel state for chains at ``state`` (NumPy arrays), with ``(warmup,
-    sampling)`` depth caps."""
+    sampling)`` depth caps, each to begin its transition number ``first_transition``."""
     q, g = state.position, state.grad
     potentials = state.potential.tolist()
     chains = [
         _Chain((q[c].copy(), potentials[c], g[c].copy(), 0.0), max(depths))
         for c in range(q.shape[0])
     ]
+    for chain in chains:
+        chain.transition = first_transition
     return HostNUTSState(chains, torch.from_numpy(q).dtype, depths, max_energy_error)
 
 

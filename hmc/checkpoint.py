@@ -1,0 +1,140 @@
+"""Checkpoints: everything a run needs to continue, written atomically, read safely.
+
+``hmc.sample(..., checkpoint=PATH, checkpoint_every=N)`` writes ``PATH`` when every chain
+has completed a multiple of ``N`` iterations, when every chain has finished its warmup,
+and at the end of the run.
+At those points the loop lets each chain finish its transition in flight and waits for the
+others (a chain's draws depend only on the seed, its index and its own history, so the
+wait changes no draw). A checkpoint holds, as plain tensors, numbers and strings:
+
+- the run's settings (to refuse a checkpoint of another run);
+- the iteration every chain has completed, and each chain's position, potential and
+  gradient there (the random streams are positioned by that iteration: nothing else of
+  them needs saving);
+- the step sizes and inverse metrics, and the whole adaptation state (dual averaging,
+  the running (co)variance estimates, the step-size search's counters);
+- the draws and statistics recorded so far, the divergences counted, the gradient
+  evaluations and the time spent.
+
+A checkpoint is written to a temporary file beside ``PATH``, flushed to disk and renamed,
+so a run killed while writing leaves the previous checkpoint whole. It is read with
+``torch.load(weights_only=True)``, which unpickles no arbitrary object; a file that is
+truncated, corrupted or not a checkpoint gives an error naming it.
+
+Running ``hmc.sample`` again with the same arguments and ``checkpoint=PATH`` continues
+from ``PATH`` when it exists (``hmc.resume(PATH, log_prob)`` does the same, taking the
+settings from the file); a finished run's checkpoint gives its result at once. The result
+equals an uninterrupted run with the same checkpoints, bit for bit on the same machine.
+After Ctrl-C or a kill, the run continues from its last checkpoint. (Waiting at a
+checkpoint changes which chains share a batched evaluation of the density, so a density
+whose batched arithmetic rounds a row differently in another batch gives draws that
+differ from a run without checkpoints in the last bits, and then further.)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from hmc.adapt.step_size import DualAveragingState
+from hmc.adapt.warmup import WarmupState
+from hmc.adapt.welford import WelfordState
+from hmc.atomic import write_atomically
+from hmc.state import State
+
+__all__ = ["FORMAT", "Snapshot", "read_checkpoint", "write_checkpoint"]
+
+#: the mark of a checkpoint file, and its layout's version
+FORMAT = ("hmc-checkpoint", 1)
+
+
+class Snapshot(NamedTuple):
+    """The loop's side of a checkpoint, at an iteration every chain has completed.
+
+    iteration : the iteration count of every chain.
+    state : each chain's position ``(C, D)``, potential ``(C,)`` and gradient there.
+    step_size : ``(C,)``; inverse_metric : ``(C, D)`` or ``(C, D, D)``.
+    adaptation : the warmup's state, or None when nothing adapts.
+    positions, stats : the recorder's buffers; divergences : counted so far.
+    warmup_seconds : the time until every chain left warmup (None before); useful, slots :
+        the utilization sums; seconds : the loop's time so far.
+    """
+
+    iteration: int
+    state: State
+    step_size: Any
+    inverse_metric: torch.Tensor
+    adaptation: WarmupState | None
+    positions: Any
+    stats: dict[str, Any]
+    divergences: int
+    warmup_seconds: float | None
+    useful: float
+    slots: float
+    seconds: float
+
+
+def write_checkpoint(path: str | os.PathLike, snapshot: Snapshot, extra: dict[str, Any]) -> None:
+    """Write ``snapshot`` and ``extra`` (settings, counters: plain values) to ``path``
+    atomically."""
+    tensor = _tensor
+    adaptation = snapshot.adaptation
+    payload = {
+        "format": list(FORMAT),
+        **extra,
+        "iteration": snapshot.iteration,
+        "state": [tensor(x) for x in snapshot.state],
+        "step_size": tensor(snapshot.step_size),
+        "inverse_metric": tensor(snapshot.inverse_metric),
+        "adaptation": None
+        if adaptation is None
+        else {
+            "dual_averaging": [tensor(x) for x in adaptation.dual_averaging],
+            "welford": [tensor(x) for x in adaptation.welford],
+            "search_counter": tensor(adaptation.search_counter),
+        },
+        "positions": tensor(snapshot.positions),
+        "stats": {name: tensor(x) for name, x in snapshot.stats.items()},
+        "divergences": int(snapshot.divergences),
+        "warmup_seconds": snapshot.warmup_seconds,
+        "useful": float(snapshot.useful),
+        "slots": float(snapshot.slots),
+        "seconds": float(snapshot.seconds),
+    }
+    write_atomically(path, lambda temporary: torch.save(payload, temporary))
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The payload of the checkpoint at ``path``, its records rebuilt (tensors on the
+    CPU); raises ``ValueError`` naming ``path`` when it is not a whole checkpoint."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # truncated, corrupted, or a pickle of other objects
+        raise ValueError(
+            f"checkpoint {str(path)!r} cannot be read ({type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200]}); it is truncated, corrupted or not an hmc "
+            "checkpoint"
+        ) from None
+    if not isinstance(payload, dict) or tuple(payload.get("format", ())) != FORMAT:
+        raise ValueError(f"{str(path)!r} is not an hmc checkpoint (format {FORMAT})")
+    payload["state"] = State(*payload["state"])
+    adaptation = payload["adaptation"]
+    if adaptation is not None:
+        payload["adaptation"] = WarmupState(
+            DualAveragingState(*adaptation["dual_averaging"]),
+            WelfordState(*adaptation["welford"]),
+            adaptation["search_counter"],
+        )
+    return payload
+
+
+def _tensor(x: Any) -> torch.Tensor:
+    """A CPU tensor of ``x`` (a NumPy array or a tensor), sharing nothing with the run."""
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x.copy())
+    return x.detach().to("cpu", copy=True)

@@ -1,0 +1,189 @@
+"""Checkpoints: a killed run resumes to the uninterrupted result, a kill during a write
+leaves the previous checkpoint whole, and bad files or another run's file are named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import hmc
+from hmc.checkpoint import read_checkpoint
+
+SETTINGS = dict(dim=3, chains=3, warmup=150, draws=150, seed=5, batched=True, progress=False)
+
+
+def log_prob(q):
+    return -0.5 * (q**2).sum(-1) - 0.5 * (q[..., 0] / 3) ** 2
+
+
+def same_run(a, b) -> None:
+    """Bit for bit: the draws, every statistic and the adapted parameters."""
+    np.testing.assert_array_equal(a["posterior"]["x"].values, b["posterior"]["x"].values)
+    for name in a["sample_stats"].data_vars:
+        np.testing.assert_array_equal(
+            a["sample_stats"][name].values, b["sample_stats"][name].values, err_msg=name
+        )
+    for name in ("step_size", "inverse_metric"):
+        np.testing.assert_array_equal(a["adaptation"][name].values, b["adaptation"][name].values)
+    assert a.attrs["n_gradient_evaluations"] == b.attrs["n_gradient_evaluations"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """NUTS runs with checkpoints every 20 iterations, never interrupted, per engine."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    return {
+        engine: hmc.sample(
+            log_prob,
+            engine=engine,
+            checkpoint=folder / f"{engine}.ckpt",
+            checkpoint_every=20,
+            **SETTINGS,
+        )
+        for engine in ("numpy", "torch")
+    }
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import hmc, hmc.checkpoint
+
+    path, engine, die_at_write = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if die_at_write:  # SIGKILL in the middle of that checkpoint write
+        writes, save = [0], torch.save
+
+        def dying_save(payload, target):
+            writes[0] += 1
+            if writes[0] == die_at_write:
+                with open(target, "wb") as file:
+                    file.write(b"half a checkpoint")
+                import os, signal
+                os.kill(os.getpid(), signal.SIGKILL)
+            save(payload, target)
+
+        hmc.checkpoint.torch.save = dying_save
+
+    def log_prob(q):
+        return -0.5 * (q**2).sum(-1) - 0.5 * (q[..., 0] / 3) ** 2
+
+    hmc.sample(log_prob, dim=3, chains=3, warmup=150, draws=150, seed=5, batched=True,
+               progress=False, engine=engine, checkpoint=path, checkpoint_every=20)
+    """
+)
+
+
+def start_child(path, engine: str, die_at_write: int = 0) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), engine, str(die_at_write)],
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("engine", ["numpy", "torch"])
+def test_a_run_killed_mid_sampling_resumes_to_the_uninterrupted_result(
+    engine, tmp_path, uninterrupted
+):
+    path = tmp_path / "run.ckpt"
+    child = start_child(path, engine)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and child.poll() is None:
+            if path.exists() and read_checkpoint(path)["iteration"] >= 160:  # sampling
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, child.stderr.read().decode()[-2000:]
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    killed_at = read_checkpoint(path)["iteration"]
+    assert 160 <= killed_at < 300
+    resumed = hmc.resume(path, log_prob)
+    same_run(resumed, uninterrupted[engine])
+    # the finished run's checkpoint gives its result at once, the same again
+    started = time.perf_counter()
+    again = hmc.sample(log_prob, engine=engine, checkpoint=path, checkpoint_every=20, **SETTINGS)
+    assert time.perf_counter() - started < 5
+    same_run(again, resumed)
+
+
+def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one(tmp_path, uninterrupted):
+    path = tmp_path / "run.ckpt"
+    child = start_child(path, "numpy", die_at_write=4)
+    child.wait(timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
+    assert read_checkpoint(path)["iteration"] == 60  # the third checkpoint, whole
+    resumed = hmc.resume(path, log_prob)
+    same_run(resumed, uninterrupted["numpy"])
+
+
+def test_interrupted_run_says_how_to_go_on(tmp_path):
+    """Ctrl-C after a checkpoint: the warning names hmc.resume and the file."""
+    path = tmp_path / "run.ckpt"
+    calls = [0]
+
+    def interrupting(q):
+        calls[0] += 1
+        if calls[0] % 20 == 0 and path.exists() and read_checkpoint(path)["iteration"] >= 160:
+            raise KeyboardInterrupt  # well into sampling
+        return log_prob(q)
+
+    with pytest.warns(RuntimeWarning, match=r"hmc\.resume") as records:
+        dt = hmc.sample(interrupting, checkpoint=path, checkpoint_every=20, **SETTINGS)
+    assert any(str(path) in str(r.message) for r in records)
+    assert dt.attrs["interrupted"] and 10 <= dt["posterior"].sizes["draw"] < 150
+
+
+def test_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path):
+    path = tmp_path / "run.ckpt"
+    hmc.sample(log_prob, checkpoint=path, **{**SETTINGS, "warmup": 20, "draws": 20})
+    with pytest.raises(ValueError, match=r"belongs to another run.*draws: 20 there, 30 here"):
+        hmc.sample(log_prob, checkpoint=path, **{**SETTINGS, "warmup": 20, "draws": 30})
+
+
+def test_bad_files_are_named(tmp_path):
+    good = tmp_path / "good.ckpt"
+    hmc.sample(log_prob, checkpoint=good, **{**SETTINGS, "warmup": 20, "draws": 20})
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"weights": torch.ones(2)}, foreign)
+    pickled = tmp_path / "pickled.ckpt"
+    torch.save({"format": ["hmc-checkpoint", 1], "object": warnings.WarningMessage}, pickled)
+    for path, match in (
+        (truncated, "cannot be read"),
+        (foreign, "is not an hmc checkpoint"),
+        (pickled, "cannot be read"),  # weights_only: no arbitrary object is unpickled
+    ):
+        with pytest.raises(ValueError, match=match) as info:
+            hmc.resume(path, log_prob)
+        assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"checkpoint_every": 10}, "checkpoint_every needs checkpoint"),
+        ({"checkpoint": "/no/such/folder/run.ckpt"}, "existing, writable folder"),
+        ({"checkpoint": 3}, "checkpoint must be a file path"),
+        ({"checkpoint": "x.ckpt", "checkpoint_every": 0}, "checkpoint_every must be"),
+    ],
+)
+def test_checkpoint_arguments_are_checked(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        hmc.sample(log_prob, **SETTINGS, **kwargs)
