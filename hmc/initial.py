@@ -50,11 +50,12 @@ def initial_state(
     U = torch.full((chains,), torch.inf, dtype=dtype, device=device)
     grad = torch.zeros(chains, dim, dtype=dtype, device=device)
     pending = torch.arange(chains, device=device)
+    checked = False  # log_prob's output checked (where it raises, there is nothing to check)
     for attempt in range(MAX_INIT_TRIES):
         counter = torch.full((pending.numel(),), attempt, dtype=torch.int64, device=device)
         trial = radius * (2 * uniform(keys[pending], Stream.INIT, counter, dim, dtype) - 1)
-        if attempt == 0:
-            potential.check(trial)
+        if not checked:
+            checked = potential.check(trial)
         U_new, g_new = potential.value_and_grad(trial)
         position = position.index_copy(0, pending, trial)
         U = U.index_copy(0, pending, U_new)

@@ -35,6 +35,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -212,12 +213,37 @@ class Potential:
             g = np.where(finite[:, None], g, 0.0)
         return U, g
 
-    def check(self, q: torch.Tensor) -> None:
-        """Run ``log_prob`` once on ``q`` ``(C, D)`` and raise a clear error if its output
-        has the wrong type or shape, or no gradient path to the input."""
+    def check(self, q: torch.Tensor) -> bool:
+        """Run ``log_prob`` on ``q`` ``(C, D)`` and raise a clear error if its output has
+        the wrong type, shape, dtype or device, or no gradient path to the input.
+
+        Points where ``log_prob`` raises are points of zero density, not errors: the first
+        row (or, batched, the whole batch, then each row alone) where it does not raise is
+        checked. Returns False when it raised everywhere (nothing could be checked)."""
         x = q.detach().requires_grad_(True)
+        if self.batched:
+            probes = [x] + ([x[i : i + 1] for i in range(x.shape[0])] if x.shape[0] > 1 else [])
+        else:
+            probes = list(x.unbind(0))
         with distribution_validation_off():
-            out = self.log_prob(x) if self.batched else self.log_prob(x[0])
+            for probe in probes:
+                try:
+                    out = self.log_prob(probe)
+                except (RuntimeError, ValueError, ArithmeticError):
+                    continue
+                self._check_output(probe, out)
+                if self.batched and probe.shape[0] > 1:  # a (D,) output can pass for (C,)
+                    try:
+                        single = self.log_prob(probe[:1])
+                    except (RuntimeError, ValueError, ArithmeticError):
+                        return True
+                    self._check_output(probe[:1], single)
+                return True
+        return False
+
+    def _check_output(self, x: torch.Tensor, out: Any) -> None:
+        """Raise naming what is wrong with ``out``, ``log_prob``'s output at ``x``."""
+        q = x if self.batched else x.unsqueeze(0)
         expected = f"({q.shape[0]},)" if self.batched else "a 0-d tensor (a scalar)"
         if not isinstance(out, torch.Tensor):
             raise TypeError(

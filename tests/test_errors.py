@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -257,3 +258,34 @@ def test_dense_metric_too_large_fails_before_sampling():
     message = str(info.value)
     assert "GiB" in message and "diag" in message
     assert log_prob.calls <= 2  # at most the start was evaluated; no sampling
+
+
+# ---------------------------------------------------------------------- raising densities
+def cholesky_log_prob(q):
+    """Zero density (linalg.cholesky raises) where q[0] <= 0.25."""
+    half = torch.tensor(0.5, dtype=q.dtype)
+    matrix = torch.stack((torch.stack((q[0], half)), torch.stack((half, torch.ones_like(half)))))
+    factor = torch.linalg.cholesky(matrix)
+    return -0.5 * (q**2).sum() + torch.log(torch.diagonal(factor)).sum()
+
+
+@pytest.mark.parametrize("seed", [0, 6, 8, 11])
+def test_a_density_raising_at_the_first_random_start_is_zero_density_there(seed):
+    """Chain 0's first random start lands where log_prob raises for seeds 6, 8 and 11:
+    that start is retried like any other of zero density, whatever the seed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "log_prob raised ..." once
+        dt = run(cholesky_log_prob, kernel="nuts", warmup=50, draws=50, seed=seed)
+    assert (dt["posterior"]["x"].values[..., 0] > 0.25).all()
+
+
+def test_a_raising_user_init_is_named():
+    with pytest.raises(ValueError, match=r"init for chains \[0, 1\] has zero density.*raised"):
+        run(cholesky_log_prob, init=torch.tensor([-1.0, 0.0], dtype=torch.float64))
+
+
+def test_a_batched_output_that_only_looks_like_a_batch_is_named():
+    """``sum(0)`` returns (D,), which passes for (C,) when C == D: a one-row batch shows
+    it before sampling."""
+    with pytest.raises(ValueError, match=r"returned shape \(2,\); expected \(1,\)"):
+        run(lambda q: -0.5 * (q**2).sum(0), batched=True)
