@@ -274,6 +274,11 @@ def param_transform(constraint: Constraint, shape: Sequence[int] = ()) -> ParamT
         raise TypeError(
             f"constraint must be a torch.distributions.constraints object, got {constraint!r}"
         )
+    if isinstance(constraint, type(constraints.dependent)):
+        raise ValueError(
+            f"{constraint} has no fixed support (it depends on other values); declare the "
+            "parameter with the constraint it has, or sample it on the real line"
+        )
     if constraint.is_discrete:
         raise ValueError(f"{constraint} is discrete; HMC samples continuous parameters only")
     if len(shape) < constraint.event_dim:

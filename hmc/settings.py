@@ -164,9 +164,18 @@ def _device(device: Any) -> torch.device:
 
 
 def as_target(log_prob: Any, dim: int | None, batched: bool) -> Target:
-    if isinstance(log_prob, Target) and not callable(log_prob):
-        return log_prob
-    if hasattr(log_prob, "log_prob") and hasattr(log_prob, "posterior"):
+    model = isinstance(log_prob, Target) and not callable(log_prob)
+    if model or (hasattr(log_prob, "log_prob") and hasattr(log_prob, "posterior")):
+        if dim is not None and dim != log_prob.dim:
+            raise ValueError(
+                f"dim={dim} disagrees with the model's {log_prob.dim} unconstrained dimensions "
+                "(a model knows its dimension: leave dim out)"
+            )
+        if batched:
+            raise ValueError(
+                "batched=True is for plain functions: an hmc.Model batches its log density "
+                "itself"
+            )
         return log_prob
     if not callable(log_prob):
         raise TypeError(

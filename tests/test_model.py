@@ -326,3 +326,23 @@ def test_log_prob_must_return_a_scalar_tensor():
     model = Model(lambda p: p["x"], {"x": Param(2)})
     with pytest.raises(ValueError, match="0-d"):
         model.log_prob(torch.zeros(2, dtype=F64))
+
+
+def test_dim_and_batched_that_disagree_with_a_model_are_named():
+    model = hmc.Model(lambda p: -(p["x"] ** 2).sum(), params={"x": hmc.Param(shape=2)})
+    options = dict(chains=2, warmup=10, draws=10, progress=False)
+    with pytest.raises(ValueError, match="dim=5 disagrees with the model's 2"):
+        hmc.sample(model, dim=5, **options)
+    with pytest.raises(ValueError, match="batched=True is for plain functions"):
+        hmc.sample(model, batched=True, **options)
+    assert hmc.sample(model, dim=2, **options)["posterior"]["x"].shape == (2, 10, 2)
+
+
+def test_a_dependent_constraint_is_named():
+    from torch.distributions import constraints
+
+    with pytest.raises(ValueError, match=r"parameter 'x'.*has no fixed support"):
+        hmc.Model(
+            lambda p: -(p["x"] ** 2).sum(),
+            params={"x": hmc.Param(constraint=constraints.dependent)},
+        )
