@@ -44,6 +44,9 @@ from hmc._torch_compat import copy_if_view, distribution_validation_off, validat
 from hmc.compiled import CompiledEnergy
 from hmc.memo import MemoCache
 
+#: the dtypes a run may sample in
+_DTYPES = (torch.float32, torch.float64)
+
 __all__ = ["AUTO_COMPILE_CALLS", "COMPILE_CHOICES", "Potential"]
 
 LogProb = Callable[[torch.Tensor], torch.Tensor]
@@ -220,21 +223,25 @@ class Potential:
         Points where ``log_prob`` raises are points of zero density, not errors: the first
         row (or, batched, the whole batch, then each row alone) where it does not raise is
         checked. Returns False when it raised everywhere (nothing could be checked)."""
-        x = q.detach().requires_grad_(True)
-        if self.batched:
-            probes = [x] + ([x[i : i + 1] for i in range(x.shape[0])] if x.shape[0] > 1 else [])
-        else:
-            probes = list(x.unbind(0))
+        rows = list(q.detach().split(1)) if self.batched else list(q.detach().unbind(0))
+        if self.batched and q.shape[0] > 1:
+            rows.insert(0, q.detach())
+        probes = [row.clone().requires_grad_(True) for row in rows]  # leaves of their own
         with distribution_validation_off():
             for probe in probes:
                 try:
                     out = self.log_prob(probe)
-                except (RuntimeError, ValueError, ArithmeticError):
+                except (RuntimeError, ValueError, ArithmeticError) as error:
+                    if "in-place operation" in str(error) or "modified inplace" in str(error):
+                        raise ValueError(
+                            "log_prob modifies its input in place; compute from the "
+                            "position without writing to it (q * 2, not q.mul_(2))"
+                        ) from None
                     continue
                 self._check_output(probe, out)
                 if self.batched and probe.shape[0] > 1:  # a (D,) output can pass for (C,)
                     try:
-                        single = self.log_prob(probe[:1])
+                        single = self.log_prob(probe[:1].detach().requires_grad_(True))
                     except (RuntimeError, ValueError, ArithmeticError):
                         return True
                     self._check_output(probe[:1], single)
@@ -259,9 +266,10 @@ class Potential:
         if not out.dtype.is_floating_point:
             raise TypeError(f"log_prob must return a floating-point tensor, got {out.dtype}")
         if out.dtype != q.dtype:
+            other = f" (or sample with dtype={out.dtype})" if out.dtype in _DTYPES else ""
             raise TypeError(
                 f"log_prob returned {out.dtype} for {q.dtype} positions: make the data it "
-                f"uses {q.dtype} (or sample with dtype={out.dtype})"
+                f"uses {q.dtype}{other}"
             )
         if out.device != q.device:
             raise ValueError(

@@ -38,7 +38,7 @@ from hmc.settings import (
     DEFAULT_CHECKPOINT_EVERY,
     KERNELS,
     as_target,
-    check_dense_memory,
+    check_memory,
     init_radius,
     validate,
 )
@@ -189,6 +189,9 @@ def sample(
     if saved is not None:
         _check_same_run(checkpoint, saved["settings"], identity)
     target = as_target(log_prob, dim, batched)
+    kept_iterations = draws + (warmup if save_warmup else 0)
+    if target.dim is not None:  # before anything is allocated per chain
+        check_memory(metric, chains, target.dim, kept_iterations, dtype, device)
     potential = Potential(target.log_prob, batched=target.batched, compile=settings.compile)
     bar = _progress_bar(chains * (warmup + draws), settings.progress)
     try:  # the bar is closed whatever happens (an error, Ctrl-C)
@@ -212,7 +215,7 @@ def sample(
             radius = DEFAULT_INIT_RADIUS if radius is None else radius
             if position is not None or target.dim is not None:  # else initial_state asks for dim
                 dim = position.shape[1] if position is not None else target.dim
-                check_dense_memory(metric, chains, dim, dtype, device)
+                check_memory(metric, chains, dim, kept_iterations, dtype, device)
             state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
             dim = state.position.shape[1]
             if adapted_from is None:

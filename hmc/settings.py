@@ -31,7 +31,7 @@ __all__ = [
     "METRICS",
     "Settings",
     "as_target",
-    "check_dense_memory",
+    "check_memory",
     "init_radius",
     "validate",
 ]
@@ -173,8 +173,7 @@ def as_target(log_prob: Any, dim: int | None, batched: bool) -> Target:
             )
         if batched:
             raise ValueError(
-                "batched=True is for plain functions: an hmc.Model batches its log density "
-                "itself"
+                "batched=True is for plain functions: an hmc.Model batches its log density itself"
             )
         return log_prob
     if not callable(log_prob):
@@ -201,20 +200,38 @@ def init_radius(init: Any) -> float | None:
     return radius
 
 
-def check_dense_memory(
-    metric: str, chains: int, dim: int, dtype: torch.dtype, device: torch.device
+def check_memory(
+    metric: str,
+    chains: int,
+    dim: int,
+    kept: int,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> None:
-    if metric != "dense":
-        return
+    """Raise before any work when the run cannot fit in memory: the ``kept`` iterations'
+    draws and statistics (held twice while the output is built), the chains' states and
+    trees, and a dense metric's matrices, against half the memory of ``device``."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    needed = 4 * chains * dim * dim * itemsize  # metric, Cholesky, estimate, workspace
+    draws = 2 * chains * (kept + 1) * (dim * itemsize + 12 * 8)  # positions and statistics
+    trees = chains * dim * itemsize * (7 * 30 + 20)  # NUTS's stack at the deepest cap
+    matrices = 4 * chains * dim * dim * itemsize if metric == "dense" else 0  # metric,
+    # Cholesky, estimate, workspace
     if device.type == "cuda":
         available = torch.cuda.mem_get_info(device)[0]
     else:
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if needed > available // 2:
+    if draws + trees + matrices <= available // 2:
+        return
+    gib = 2**30
+    if matrices > available // 2:
         raise ValueError(
-            f"metric='dense' needs about {needed / 2**30:.1f} GiB for {chains} chains of "
+            f"metric='dense' needs about {matrices / gib:.1f} GiB for {chains} chains of "
             f"dimension {dim} ({chains} x {dim} x {dim} matrices, several copies), more than "
-            f"half the {available / 2**30:.1f} GiB available; use metric='diag'"
+            f"half the {available / gib:.1f} GiB available; use metric='diag'"
         )
+    raise ValueError(
+        f"{chains} chains of dimension {dim} keeping {kept} iterations each need about "
+        f"{(draws + trees + matrices) / gib:.1f} GiB (the draws are held twice while the "
+        f"output is built), more than half the {available / gib:.1f} GiB available; run "
+        "fewer chains or draws (several shorter runs can be concatenated with ArviZ)"
+    )

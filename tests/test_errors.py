@@ -289,3 +289,28 @@ def test_a_batched_output_that_only_looks_like_a_batch_is_named():
     it before sampling."""
     with pytest.raises(ValueError, match=r"returned shape \(2,\); expected \(1,\)"):
         run(lambda q: -0.5 * (q**2).sum(0), batched=True)
+
+
+def test_a_density_that_writes_to_its_input_is_named():
+    def in_place(q):
+        q.mul_(1.0)
+        return -(q**2).sum()
+
+    for batched in (False, True):
+        with pytest.raises(ValueError, match="log_prob modifies its input in place"):
+            run(in_place, batched=batched)
+
+
+@pytest.mark.parametrize(
+    "sizes", [{"draws": 10**10}, {"chains": 10**9}, {"warmup": 10**11, "save_warmup": True}]
+)
+def test_a_run_too_large_for_memory_is_refused_before_any_work(sizes):
+    log_prob = Counting()
+    with pytest.raises(ValueError, match="GiB available; run fewer chains or draws"):
+        run(log_prob, **sizes)
+    assert log_prob.calls == 0
+
+
+def test_a_half_precision_output_does_not_suggest_a_dtype_runs_cannot_use():
+    with pytest.raises(TypeError, match=r"uses torch.float64$"):
+        run(lambda q: (-(q**2).sum()).half())
