@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from hmc.adapt.warmup import StanWarmup, WarmupState
 from hmc.checkpoint import Snapshot
 from hmc.kernels.base import Kernel, Phase, Step
 from hmc.potential import Potential
+from hmc.progress import Progress
 from hmc.recorder import Recorder
 from hmc.state import Params, State, where_rows
 
@@ -76,7 +77,7 @@ def run_chains(
     params: Params,
     adaptation: WarmupState | None,
     recorder: Recorder,
-    bar: Any = None,
+    progress: Progress | None = None,
     resume: Snapshot | None = None,
 ) -> tuple[Params, Timing, np.ndarray]:
     """Run every chain from ``state`` through warmup and sampling, recording each
@@ -116,7 +117,7 @@ def run_chains(
         started = time.perf_counter() - resume.seconds
     try:
         while counts.least < total:
-            was_warming, done_before = counts.warming, counts.total_done
+            was_warming = counts.warming
             kernel_state, step = kernel.step(kernel_state, params, run.potential, run.keys, phase)
             if step.finished is not None:
                 counts = _host_counts(run, step.finished, host_iteration, counts)
@@ -161,9 +162,8 @@ def run_chains(
             if was_warming == 0:  # every chain was sampling during this call
                 useful = useful + step.work.sum()
                 slots += counts.alive
-            if bar is not None and counts.any_done:
-                bar.update(counts.total_done - done_before)
-                bar.set_postfix(divergences=int(recorder.divergences), refresh=False)
+            if progress is not None and counts.any_done:
+                progress.update(iteration, counts.total_done, recorder, params.step_size)
             if run.checkpoint is not None and counts.least == stop:  # all at the checkpoint
                 run.checkpoint(
                     Snapshot(
@@ -188,6 +188,8 @@ def run_chains(
                 phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the draws so far are kept
         pass
+    if progress is not None:
+        progress.update(iteration, counts.total_done, recorder, params.step_size, force=True)
     timing = Timing(warmup_seconds or 0.0, float(useful) / slots if slots else 1.0)
     completed = iteration if isinstance(iteration, np.ndarray) else iteration.numpy(force=True)
     return params, timing, completed

@@ -31,6 +31,7 @@ from hmc.kernels.base import Kernel
 from hmc.loop import Run, run_chains
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential
+from hmc.progress import Progress
 from hmc.random import chain_keys
 from hmc.recorder import Recorder
 from hmc.run_warnings import warn_about_run
@@ -109,8 +110,9 @@ def sample(
     save_warmup : bool
         Also return the ``warmup_posterior`` and ``warmup_sample_stats`` groups.
     progress : bool, optional
-        Show a progress bar; by default when standard error is a terminal and the ``CI``
-        environment variable is not set.
+        Show the progress (:mod:`hmc.progress`: the run, and each chain's iterations,
+        divergences, step size and steps per draw); by default when standard error is a
+        terminal and the ``CI`` environment variable is not set.
     batched : bool
         ``log_prob`` takes ``(C, D)`` and returns ``(C,)``.
     adapted_from : DataTree, optional
@@ -193,10 +195,10 @@ def sample(
     if target.dim is not None:  # before anything is allocated per chain
         check_memory(metric, chains, target.dim, kept_iterations, dtype, device)
     potential = Potential(target.log_prob, batched=target.batched, compile=settings.compile)
-    bar = _progress_bar(chains * (warmup + draws), settings.progress)
+    bar = Progress(chains, warmup, draws) if settings.progress else None
     try:  # the bar is closed whatever happens (an error, Ctrl-C)
         if bar is not None:
-            potential.on_compile = functools.partial(_show_compiling, bar)
+            potential.on_compile = bar.compiling
         keys = chain_keys(settings.seed, torch.arange(chains, device=device))
         adapter = StanWarmup(
             schedule=build_schedule(warmup, device=device),
@@ -419,15 +421,3 @@ def _save_checkpoint(
     path: Any, identity: dict[str, Any], potential: Potential, snapshot: Snapshot
 ) -> None:
     write_checkpoint(path, snapshot, {"settings": identity, "evaluations": potential.evaluations})
-
-
-def _progress_bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="draws", desc="sampling", mininterval=0.25, smoothing=0.1)
-
-
-def _show_compiling(bar: Any, compiling: bool) -> None:
-    bar.set_description("compiling" if compiling else "sampling", refresh=True)

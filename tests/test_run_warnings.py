@@ -78,13 +78,18 @@ def test_progress_bar_is_closed_when_the_run_fails(monkeypatch):
     class Bar:
         closed = False
 
+        def __init__(self, *args):
+            pass
+
         def close(self):
             Bar.closed = True
 
         def __getattr__(self, name):
             return lambda *args, **kwargs: None
 
-    monkeypatch.setattr(hmc.sampler, "_progress_bar", lambda total, enabled: Bar())
+    monkeypatch.setattr(hmc.sampler, "Progress", Bar)
     with pytest.raises(ValueError, match="finite"):
-        hmc.sample(lambda q: q.sum() * float("-inf"), dim=2, chains=2, warmup=10, draws=10)
+        hmc.sample(
+            lambda q: q.sum() * float("-inf"), dim=2, chains=2, warmup=10, draws=10, progress=True
+        )
     assert Bar.closed
