@@ -7,8 +7,11 @@ function that registers its parser and sets ``func`` to the function that runs i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["build_parser", "main"]
 
@@ -32,24 +35,21 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
-def _add_demo(commands: argparse._SubParsersAction) -> None:
-    from hmc.demo import DEFAULT_MODEL
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown, and names such as ``eight_schools-eight_schools_noncentered`` never
+    broken at their hyphens."""
 
-    parser = commands.add_parser(
-        "demo",
-        help="sample the eight schools model, print its summary, save plots and the run",
-        description=(
-            "Sample the non-centred eight schools model (10 parameters: mu, log tau and "
-            "eight standardised school effects) with hmc.sample, print the ArviZ summary, "
-            "and write OUT/trace.png (trace and marginal densities), OUT/rank.png (rank "
-            "plots), OUT/energy.png (energy distributions and E-BFMI) and OUT/run.nc (the "
-            "whole run as an ArviZ DataTree in netCDF, read back with arviz.from_netcdf)."
-        ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument(
-        "--out", default="out", metavar="DIR", help="folder for the plots and run.nc"
-    )
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:  # a switch whose default is "decide by itself"
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options ``demo`` and ``sample`` share: sizes, seed, kernel, progress."""
     parser.add_argument(
         "--chains", type=_positive_int, default=4, metavar="N", help="number of chains"
     )
@@ -73,10 +73,10 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--kernel",
         choices=("nuts", "hmc"),
-        default=None,
+        default="nuts",
         help=(
             "transition kernel: 'nuts' (the No-U-Turn sampler) or 'hmc' (static HMC with a "
-            "random number of leapfrog steps); default: hmc.sample's default"
+            "random number of leapfrog steps)"
         ),
     )
     parser.add_argument(
@@ -84,8 +84,29 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         dest="progress",
         action="store_false",
         default=None,
-        help="never show the progress bar (by default it is shown on a terminal)",
+        help="never show the progress (by default it is shown on a terminal)",
     )
+
+
+def _add_demo(commands: argparse._SubParsersAction) -> None:
+    from hmc.demo import DEFAULT_MODEL
+
+    parser = commands.add_parser(
+        "demo",
+        help="sample the eight schools model, print its summary, save plots and the run",
+        description=(
+            "Sample the non-centred eight schools model (10 parameters: mu, log tau and "
+            "eight standardised school effects) with hmc.sample, print the ArviZ summary, "
+            "and write OUT/trace.png (trace and marginal densities), OUT/rank.png (rank "
+            "plots), OUT/energy.png (energy distributions and E-BFMI) and OUT/run.nc (the "
+            "whole run as an ArviZ DataTree in netCDF, read back with arviz.from_netcdf)."
+        ),
+        formatter_class=_Formatter,
+    )
+    parser.add_argument(
+        "--out", default="out", metavar="DIR", help="folder for the plots and run.nc"
+    )
+    _add_run_options(parser)
     import hmc.models
     from hmc.demo import MODELS
 
@@ -100,6 +121,80 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         ),
     )
     parser.set_defaults(func=_run_demo)
+
+
+def _add_sample(commands: argparse._SubParsersAction) -> None:
+    import hmc.models
+
+    parser = commands.add_parser(
+        "sample",
+        help="sample a built-in posterior or a model file; print the summary, save the run",
+        description=(
+            "Sample MODEL with hmc.sample, print the ArviZ summary and write the run (an "
+            "ArviZ DataTree in netCDF) to --out. MODEL is a built-in posteriordb posterior "
+            "(its posteriordb name, or a model name only one posterior uses, or "
+            "eight_schools: " + ", ".join(hmc.models.names()) + ") or a Python file that "
+            "defines `model`: an hmc.Model, or a log density of one position together with "
+            "`dim`, its dimension."
+        ),
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("model", metavar="MODEL", help="a built-in posterior or a .py file")
+    parser.add_argument(
+        "--out", default="run.nc", metavar="FILE", help="where to write the run (netCDF)"
+    )
+    _add_run_options(parser)
+    parser.set_defaults(func=_run_sample)
+
+
+def _run_sample(args: argparse.Namespace) -> int:
+    import arviz as az
+
+    import hmc
+    from hmc.atomic import write_atomically
+
+    target, options = _load_model(args.model)
+    out = os.path.abspath(args.out)
+    if os.path.isdir(out) or not os.access(os.path.dirname(out), os.W_OK):
+        raise SystemExit(f"--out {args.out!r} must name a file in an existing, writable folder")
+    dt = hmc.sample(
+        target,
+        chains=args.chains,
+        warmup=args.warmup,
+        draws=args.draws,
+        seed=args.seed,
+        kernel=args.kernel,
+        progress=args.progress,
+        **options,
+    )
+    write_atomically(out, lambda path: dt.to_netcdf(path, engine="h5netcdf"))
+    print(az.summary(dt).to_string())
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _load_model(name: str) -> tuple[Any, dict[str, Any]]:
+    """The target and ``hmc.sample`` options of MODEL: a built-in posterior, or a file."""
+    import runpy
+
+    import hmc.models
+
+    if name.endswith(".py"):
+        if not os.path.isfile(name):
+            raise SystemExit(f"no such model file: {name}")
+        namespace = runpy.run_path(name)
+        if "model" not in namespace:
+            raise SystemExit(f"{name} defines no `model` (an hmc.Model or a log density)")
+        model = namespace["model"]
+        if isinstance(model, hmc.Model):
+            return model, {}
+        if "dim" not in namespace:
+            raise SystemExit(f"{name}: a log density `model` needs `dim`, its dimension")
+        return model, {"dim": namespace["dim"]}
+    try:
+        return hmc.models.load(name), {}
+    except KeyError as error:
+        raise SystemExit(str(error.args[0])) from None
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -122,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``hmc`` argument parser with one subparser per command."""
     from hmc import __version__
 
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     parser = argparse.ArgumentParser(
-        prog="python -m hmc",
+        prog="hmc" if script == "hmc" else "python -m hmc",
         description=(
             "Hamiltonian Monte Carlo for PyTorch log densities. "
             "Run 'python -m hmc COMMAND --help' for a command's options."
@@ -132,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hmc {__version__}")
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     _add_demo(commands)
+    _add_sample(commands)
     return parser
 
 

@@ -231,3 +231,61 @@ def test_demo_model_matches_the_posteriordb_reference():
     z_total = (estimate - truth) / np.sqrt(mcse**2 + sd**2 / 10_000)
     assert (np.abs(z_total) < z_bound(3)).all(), (estimate, z_total)
     np.testing.assert_allclose(values.std(axis=(0, 1)), sd, rtol=0.15)
+
+
+# ---------------------------------------------------------------------- the sample command
+def test_sample_command_runs_a_built_in_posterior(tmp_path, capsys):
+    out = tmp_path / "run.nc"
+    assert main(
+        ["sample", "blr", "--chains", "2", "--warmup", "100", "--draws", "50", "--seed", "2",
+         "--out", str(out), "--no-progress"]
+    ) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "beta[0]" in printed and "sigma" in printed and "ess_bulk" in printed
+    import xarray
+
+    dt = xarray.open_datatree(out, engine="h5netcdf")
+    assert dt["posterior"]["beta"].shape == (2, 50, 5)
+
+
+def test_sample_command_runs_a_model_file(tmp_path, capsys):
+    source = tmp_path / "model.py"
+    source.write_text("dim = 3\n\ndef model(q):\n    return -0.5 * (q**2).sum()\n")
+    out = tmp_path / "run.nc"
+    assert main(["sample", str(source), "--chains", "2", "--warmup", "50", "--draws", "20",
+                 "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    assert "x[2]" in capsys.readouterr().out and out.exists()
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [("nope", "unknown posterior 'nope'"), ("missing.py", "no such model file")],
+)
+def test_sample_command_names_an_unknown_model(model, message, tmp_path):
+    with pytest.raises(SystemExit, match=message):
+        main(["sample", model, "--out", str(tmp_path / "run.nc")])
+
+
+def test_model_names_work_as_in_the_command_line():
+    assert hmc.models.resolve("eight_schools") == "eight_schools-eight_schools_noncentered"
+    assert hmc.models.resolve("blr") == "sblrc-blr"
+    assert hmc.models.load("eight_schools").dim == 10
+    with pytest.raises(KeyError, match="unknown posterior"):
+        hmc.models.resolve("eight_schools_noncentered-x")
+
+
+def test_help_shows_real_defaults_and_whole_model_names(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = capsys.readouterr().out
+    assert "default: None" not in text and "(default: nuts)" in text
+    assert "eight_schools-eight_schools_noncentered" in text  # not broken at a hyphen
+
+
+def test_the_installed_script_names_itself_hmc(monkeypatch):
+    from hmc.__main__ import build_parser
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/hmc", "--help"])
+    assert build_parser().prog == "hmc"
+    monkeypatch.setattr(sys, "argv", ["/src/hmc/__main__.py", "--help"])
+    assert build_parser().prog == "python -m hmc"

@@ -55,6 +55,7 @@ __all__ = [
     "reference",
     "reference_draws",
     "reported_names",
+    "resolve",
 ]
 
 
@@ -63,21 +64,38 @@ def names() -> list[str]:
     return sorted(REGISTRY)
 
 
+#: short names the command line uses too: the demo's eight schools is the non-centred one
+ALIASES = {"eight_schools": "eight_schools-eight_schools_noncentered"}
+
+
+def resolve(name: str) -> str:
+    """The posteriordb name of ``name``: a posteriordb name (``"sblrc-blr"``), a model
+    name that only one posterior uses (``"blr"``, ``"eight_schools_centered"``), or an
+    alias (:data:`ALIASES`)."""
+    if name in REGISTRY:
+        return name
+    if name in ALIASES:
+        return ALIASES[name]
+    matches = [posterior for posterior in REGISTRY if posterior.split("-", 1)[1] == name]
+    if len(matches) == 1:
+        return matches[0]
+    raise KeyError(f"unknown posterior {name!r}; the built-in ones are {names()}")
+
+
 def _entry(name: str):
-    if name not in REGISTRY:
-        raise KeyError(f"unknown posterior {name!r}; the built-in ones are {names()}")
-    return REGISTRY[name]
+    return REGISTRY[resolve(name)]
 
 
 def load(name: str) -> Model:
-    """The model of the posteriordb posterior ``name`` (e.g. ``"sblrc-blr"``)."""
+    """The model of the posteriordb posterior ``name`` (e.g. ``"sblrc-blr"``, or a name
+    :func:`resolve` knows: ``"blr"``, ``"eight_schools"``)."""
     return _entry(name).build()
 
 
 def data(name: str) -> dict[str, Any]:
     """The data of the posteriordb posterior ``name`` as posteriordb stores it
     (``data.json``: numbers and lists; matrices as lists of rows)."""
-    _entry(name)
+    name = resolve(name)
     return read_json(name, "data.json")
 
 
@@ -85,7 +103,7 @@ def reference(name: str) -> dict[str, Any]:
     """The summary of posteriordb's reference draws for ``name`` (``reference.json``):
     ``parameter_names`` and per name ``stats`` (mean, sd, q05, q50, q95, ess_bulk,
     ess_tail, rhat, mcse_mean), with how the draws were made."""
-    _entry(name)
+    name = resolve(name)
     return read_json(name, "reference.json")
 
 
