@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from hmc.atomic import write_atomically
+from hmc.demo_plots import energy_figure, rank_figure, trace_figure
 
 __all__ = ["MODELS", "DemoModel", "eight_schools", "get_model", "run_demo"]
 
@@ -222,21 +223,20 @@ def run_demo(
     write_atomically(
         os.path.join(out, "run.nc"), lambda path: dt.to_netcdf(path, engine="h5netcdf")
     )
-    with az.rc_context({"plot.backend": "matplotlib"}):
-        echo(az.summary(dt).to_string())
-        names = list(plot_vars) if plot_vars else None
-        paths = {
-            "trace.png": az.plot_trace_dist(dt, var_names=names),
-            "rank.png": az.plot_rank(dt, var_names=names),
-            "energy.png": az.plot_energy(dt),
-        }
-        for filename, plot in paths.items():
-            write_atomically(
-                os.path.join(out, filename),
-                lambda path, p=plot: p.savefig(path, dpi=80, format="png"),
-            )
+    echo(az.summary(dt).to_string())
+    names = list(plot_vars) if plot_vars else None
+    figures = {
+        "trace.png": trace_figure(dt["posterior"], names),
+        "rank.png": rank_figure(dt["posterior"], names),
+        "energy.png": energy_figure(dt["sample_stats"]),
+    }
+    for filename, figure in figures.items():
+        write_atomically(
+            os.path.join(out, filename),
+            lambda path, f=figure: f.savefig(path, dpi=80, format="png"),
+        )
     plt.close("all")
-    echo(f"wrote {', '.join(os.path.join(out, f) for f in ('run.nc', *paths))}")
+    echo(f"wrote {', '.join(os.path.join(out, f) for f in ('run.nc', *figures))}")
     return dt
 
 

@@ -289,3 +289,24 @@ def test_the_installed_script_names_itself_hmc(monkeypatch):
     assert build_parser().prog == "hmc"
     monkeypatch.setattr(sys, "argv", ["/src/hmc/__main__.py", "--help"])
     assert build_parser().prog == "python -m hmc"
+
+
+def test_demo_figures_name_every_panel_and_number_chains_by_integers(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from hmc.demo_plots import energy_figure, rank_figure, trace_figure
+
+    dt = run_demo(tmp_path, chains=2, draws=40, warmup=40, seed=1, echo=lambda _: None)
+    names = ["mu", "tau", "theta"]
+    schools = [f"theta[{school}]" for school in dt["posterior"]["theta"].coords["school"].values]
+    trace = trace_figure(dt["posterior"], names)
+    titles = [ax.get_title(loc="left") for ax in trace.axes]
+    assert titles[::2] == ["mu", "tau", *schools]  # one row per school
+    assert all(ax.get_xlabel() for ax in trace.axes[-2:])
+    rank = rank_figure(dt["posterior"], names)
+    assert [ax.get_title() for ax in rank.axes if ax.get_visible()] == ["mu", "tau", *schools]
+    assert not any("p=" in text.get_text() for ax in rank.axes for text in ax.texts)
+    energy = energy_figure(dt["sample_stats"])
+    assert list(energy.axes[1].get_yticks()) == [0, 1]
+    assert all(ax.get_xlabel() and ax.get_ylabel() for ax in energy.axes)
+    plt.close("all")
