@@ -110,18 +110,20 @@ def run_attrs(
 
 def adaptation_group(params: Any):
     """The ``adaptation`` group: each chain's adapted step size ``(chain,)`` and inverse
-    metric ``(chain, dim_0)`` or ``(chain, dim_0, dim_1)``, from tensor ``params``."""
+    metric ``(chain, unconstrained)`` or ``(chain, unconstrained, unconstrained_column)``
+    (the sampler's flat unconstrained coordinates, numbered), from tensor ``params``."""
     import xarray
 
     inverse = params.metric.inverse.numpy(force=True)
-    names = ("chain", "dim_0") if inverse.ndim == 2 else ("chain", "dim_0", "dim_1")
+    dims = ("chain", "unconstrained", "unconstrained_column")[: inverse.ndim]
+    coords = {name: np.arange(size) for name, size in zip(dims, inverse.shape, strict=True)}
     return xarray.DataTree(
         xarray.Dataset(
             {
                 "step_size": (("chain",), params.step_size.numpy(force=True)),
-                "inverse_metric": (names, inverse),
+                "inverse_metric": (dims, inverse),
             },
-            coords={"chain": np.arange(inverse.shape[0])},
+            coords=coords,
         )
     )
 

@@ -82,3 +82,9 @@ def test_what_is_not_a_run_is_named(adapted_from, error, match):
 def test_another_dimension_is_named(previous):
     with pytest.raises(ValueError, match="adapted_from was adapted in dimension 3"):
         hmc.sample(lambda q: -0.5 * (q**2).sum(), dim=2, warmup=0, draws=5, adapted_from=previous)
+
+
+def test_the_adaptation_group_names_its_dimensions(previous):
+    inverse = previous["adaptation"]["inverse_metric"]
+    assert inverse.dims == ("chain", "unconstrained")
+    assert list(inverse["unconstrained"].values) == [0, 1, 2]
