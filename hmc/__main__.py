@@ -151,12 +151,13 @@ def _run_sample(args: argparse.Namespace) -> int:
     import arviz as az
 
     import hmc
-    from hmc.atomic import write_atomically
+    from hmc.atomic import check_writable_file, write_atomically
 
     target, options = _load_model(args.model)
-    out = os.path.abspath(args.out)
-    if os.path.isdir(out) or not os.access(os.path.dirname(out), os.W_OK):
-        raise SystemExit(f"--out {args.out!r} must name a file in an existing, writable folder")
+    try:
+        check_writable_file(args.out, "--out")
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     dt = hmc.sample(
         target,
         chains=args.chains,
@@ -167,7 +168,7 @@ def _run_sample(args: argparse.Namespace) -> int:
         progress=args.progress,
         **options,
     )
-    write_atomically(out, lambda path: dt.to_netcdf(path, engine="h5netcdf"))
+    write_atomically(args.out, lambda path: dt.to_netcdf(path, engine="h5netcdf"))
     print(az.summary(dt).to_string())
     print(f"wrote {args.out}")
     return 0

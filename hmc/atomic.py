@@ -7,7 +7,15 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["write_atomically"]
+__all__ = ["check_writable_file", "write_atomically"]
+
+
+def check_writable_file(path: str | os.PathLike, name: str) -> None:
+    """Raise naming the argument ``name`` unless ``path`` can be written as a file: not a
+    folder, in an existing folder this process may write to."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(f"{name}={str(path)!r} must name a file in an existing, writable folder")
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[str], Any]) -> None:

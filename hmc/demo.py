@@ -228,7 +228,7 @@ def run_demo(
     figures = {
         "trace.png": trace_figure(dt["posterior"], names),
         "rank.png": rank_figure(dt["posterior"], names),
-        "energy.png": energy_figure(dt["sample_stats"]),
+        "energy.png": energy_figure(dt),
     }
     for filename, figure in figures.items():
         write_atomically(

@@ -109,14 +109,16 @@ def _chain_legend(fig: Any, ax: Any) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncols=min(8, len(labels)))
 
 
-def energy_figure(sample_stats: Any):
-    """The energy distributions and E-BFMI per chain."""
+def energy_figure(dt: Any):
+    """The energy distributions of a run's DataTree ``dt`` and its E-BFMI per chain
+    (ArviZ's)."""
+    import arviz_stats
     import matplotlib.pyplot as plt
 
-    energy = sample_stats["energy"].values  # (chain, draw)
+    energy = dt["sample_stats"]["energy"].values  # (chain, draw)
     centred = energy - energy.mean(axis=1, keepdims=True)
     transitions = np.diff(energy, axis=1)
-    bfmi = (transitions**2).mean(axis=1) / energy.var(axis=1)
+    bfmi = arviz_stats.bfmi(dt)["energy"].values
     fig, (left, right) = plt.subplots(
         1, 2, figsize=(10, 3.2), width_ratios=(3, 1), layout="constrained"
     )

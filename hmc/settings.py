@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from hmc.arrays import engine_for
+from hmc.atomic import check_writable_file
 from hmc.kernels.base import Kernel
 from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
@@ -138,11 +139,7 @@ def _check_checkpoint(path: Any, every: Any) -> None:
         return
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"checkpoint must be a file path, got {type(path).__name__}")
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise ValueError(
-            f"checkpoint={str(path)!r} must name a file in an existing, writable folder"
-        )
+    check_writable_file(path, "checkpoint")
 
 
 def _device(device: Any) -> torch.device:

@@ -306,7 +306,7 @@ def test_demo_figures_name_every_panel_and_number_chains_by_integers(tmp_path):
     rank = rank_figure(dt["posterior"], names)
     assert [ax.get_title() for ax in rank.axes if ax.get_visible()] == ["mu", "tau", *schools]
     assert not any("p=" in text.get_text() for ax in rank.axes for text in ax.texts)
-    energy = energy_figure(dt["sample_stats"])
+    energy = energy_figure(dt)
     assert list(energy.axes[1].get_yticks()) == [0, 1]
     assert all(ax.get_xlabel() and ax.get_ylabel() for ax in energy.axes)
     plt.close("all")
