@@ -43,17 +43,22 @@ as each library reports or as measured around its calls:
 ``torch.set_num_threads(1)``; JAX with ``--xla_cpu_multi_thread_eigen=false``. Pyro is
 slow (hundreds of µs per gradient), so by default it runs fewer draws (``--pyro-draws``).
 Extra hmc runs with more chains (``--hmc-chains``, fewer draws each) show the time to
-1000 bulk ESS when chains are batched.
+1000 bulk ESS when chains are batched. ``hmc-ensemble`` (NUTS) and ``hmc-chees`` (ChEES)
+run many short chains with the pooled warmup (``--ensemble``, by default 64 chains, at
+most 200 warmup iterations, 50 draws each); the report compares ChEES's ESS per gradient
+with NUTS's (4 chains, Stan's warmup).
 
 Run from the repository root::
 
     python -m benchmarks.nuts_anchors --out nuts-section.md
     python -m benchmarks.nuts_anchors --samplers hmc --targets gauss2d   # hmc alone
+    python -m benchmarks.nuts_anchors --samplers hmc,hmc-ensemble,hmc-chees --hmc-chains ""
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -72,7 +77,13 @@ except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
     from machine import machine
 
 TARGETS = ("gauss2d", "diag100", "funnel10", "eight_schools", "logistic")
-SAMPLERS = ("hmc", "stan", "numpyro", "blackjax", "pyro")
+SAMPLERS = ("hmc", "hmc-ensemble", "hmc-chees", "stan", "numpyro", "blackjax", "pyro")
+#: hmc's configurations: NUTS with Stan's warmup, NUTS with the pooled warmup, ChEES
+HMC_VARIANTS = {
+    "hmc": ("nuts", "stan"),
+    "hmc-ensemble": ("nuts", "ensemble"),
+    "hmc-chees": ("chees", "ensemble"),
+}
 ANCHORS_PYTHON = ".venv-anchors/bin/python"  # relative to the repository root
 DATA_SEED = 20261202
 
@@ -238,13 +249,13 @@ def stan_data(target: str) -> dict:
 
 
 # ====================================================================== workers
-def worker_hmc(target, chains, warmup, draws, seed):
+def worker_hmc(target, chains, warmup, draws, seed, variant="hmc"):
     import torch
 
     import hmc
 
     torch.set_num_threads(1)
-    kernel = hmc.NUTS()
+    kernel, adapt = HMC_VARIANTS[variant]
     init = torch.as_tensor(inits(target, chains, seed))
     started = time.perf_counter()
     dt = hmc.sample(
@@ -254,6 +265,7 @@ def worker_hmc(target, chains, warmup, draws, seed):
         warmup=warmup,
         draws=draws,
         kernel=kernel,
+        adapt=adapt,
         seed=seed,
         progress=False,
         batched=True,
@@ -270,7 +282,10 @@ def worker_hmc(target, chains, warmup, draws, seed):
         "grads_sampling": int(stats["n_steps"].values.sum()),
         "divergences": int(stats["diverging"].values.sum()),
         "step_size": float(np.median(dt["adaptation"]["step_size"].values)),
-        "mean_tree_depth": float(stats["tree_depth"].values.mean()),
+        "mean_tree_depth": float(stats["tree_depth"].values.mean())
+        if "tree_depth" in stats
+        else math.nan,
+        "warmup_iterations": int(a["tuning_steps"]),
         "chain_utilization": float(a["chain_utilization"]),
         "kernel": a["kernel"],
         "engine": a["engine"],
@@ -507,7 +522,7 @@ def worker_pyro(target, chains, warmup, draws, seed):
 
 
 WORKERS = {
-    "hmc": worker_hmc,
+    **{name: functools.partial(worker_hmc, variant=name) for name in HMC_VARIANTS},
     "stan": worker_stan,
     "numpyro": worker_numpyro,
     "blackjax": worker_blackjax,
@@ -525,7 +540,7 @@ def _versions(sampler: str) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     names = {
-        "hmc": ["hmc", "torch"],
+        **{name: ["hmc", "torch"] for name in HMC_VARIANTS},
         "stan": ["pystan", "httpstan"],
         "numpyro": ["numpyro", "jax"],
         "blackjax": ["blackjax", "jax"],
@@ -664,6 +679,11 @@ def main() -> None:
         help="extra hmc runs, CHAINS:DRAWS[,CHAINS:DRAWS] (1000 warmup)",
     )
     parser.add_argument(
+        "--ensemble",
+        default="64:200:50",
+        help="chains, (at most) warmup and draws of the pooled-warmup runs, CHAINS:WARMUP:DRAWS",
+    )
+    parser.add_argument(
         "--anchors-python",
         default=os.environ.get("ANCHORS_PYTHON", ANCHORS_PYTHON),
         help=f"the anchors' interpreter (default: $ANCHORS_PYTHON, else {ANCHORS_PYTHON})",
@@ -713,13 +733,15 @@ def main() -> None:
             if sampler == "hmc":
                 configs.append(("hmc", args.chains, args.warmup, args.draws))
                 configs += [("hmc", c, args.warmup, d) for c, d in extra]
+            elif sampler in HMC_VARIANTS:
+                configs.append((sampler, *map(int, args.ensemble.split(":"))))
             elif sampler == "pyro":
                 configs.append(("pyro", args.chains, args.pyro_draws, args.pyro_draws))
             else:
                 configs.append((sampler, args.chains, args.warmup, args.draws))
         for sampler, chains, warmup, draws in configs:
-            python = sys.executable if sampler == "hmc" else args.anchors_python
-            if sampler != "hmc" and not os.path.exists(python):
+            python = sys.executable if sampler in HMC_VARIANTS else args.anchors_python
+            if sampler not in HMC_VARIANTS and not os.path.exists(python):
                 rows.append(
                     {
                         "target": target,
@@ -812,8 +834,11 @@ def report(rows: list[dict], info: dict, args) -> str:
         for r in rows:
             if r["target"] != target:
                 continue
+            warmup_n = r.get("warmup_iterations", r.get("warmup_n"))
             label = r["sampler"] + (
-                f" ({r['warmup_n']}+{r['draws_n']})" if r.get("draws_n") != args.draws else ""
+                f" ({warmup_n}+{r['draws_n']})"
+                if (warmup_n, r.get("draws_n")) != (args.warmup, args.draws)
+                else ""
             )
             if "error" in r:
                 lines.append(
@@ -851,15 +876,23 @@ def verdicts(rows: list[dict]) -> list[str]:
                 f"ESS/grad hmc/Stan = {ratio:.2f} ({'met' if ratio >= 0.9 else 'MISSED'}, "
                 "target >= 0.9);"
             )
-        best = min(h4, key=lambda r: r["time_to_1000"])
-        anchors = [r for r in ok if r["sampler"] != "hmc"]
+        chees = [r for r in ok if r["sampler"] == "hmc-chees"]
+        if chees:
+            ratio = chees[0]["ess_per_1000_grads"] / base["ess_per_1000_grads"]
+            parts.append(
+                f"ESS/grad ChEES/NUTS = {ratio:.2f} ({'met' if ratio >= 1.5 else 'MISSED'}, "
+                "target >= 1.5);"
+            )
+        ours = [r for r in ok if r["sampler"] in HMC_VARIANTS]
+        best = min(ours, key=lambda r: r["time_to_1000"])
+        anchors = [r for r in ok if r["sampler"] not in HMC_VARIANTS]
         if anchors:
             fastest = min(anchors, key=lambda r: r["time_to_1000"])
             win = best["time_to_1000"] < fastest["time_to_1000"]
             wins += win
             parts.append(
-                f"time to 1000 bulk ESS: hmc {best['time_to_1000']:.1f} s ({best['chains']} "
-                f"chains) vs fastest anchor {fastest['sampler']} "
+                f"time to 1000 bulk ESS: {best['sampler']} {best['time_to_1000']:.1f} s "
+                f"({best['chains']} chains) vs fastest anchor {fastest['sampler']} "
                 f"{fastest['time_to_1000']:.1f} s ({'faster' if win else 'SLOWER'})."
             )
         out.append(" ".join(parts))

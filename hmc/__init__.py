@@ -10,9 +10,10 @@ and gradient reuse through a shared inner function (``shared_inner_grads``).
 from hmc import models
 from hmc.autodiff import shared_inner_grads, tempered_value_and_grad
 from hmc.integrators import leapfrog
-from hmc.kernels import HMC, NUTS, Params
+from hmc.kernels import HMC, NUTS, ChEES, Params
 from hmc.memo import MemoCache
 from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
+from hmc.nested_rhat import nested_rhat
 from hmc.parameters import Model, Param
 from hmc.potential import Potential
 from hmc.sampler import resume, sample
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "HMC",
     "NUTS",
+    "ChEES",
     "DenseMetric",
     "DiagonalMetric",
     "MemoCache",
@@ -35,6 +37,7 @@ __all__ = [
     "leapfrog",
     "metric_from_inverse",
     "models",
+    "nested_rhat",
     "resume",
     "sample",
     "shared_inner_grads",

@@ -8,6 +8,11 @@ iterations. The loop keeps its counters on the host: when the kernel knows on th
 which chains finished (the NumPy engine, static HMC) it reads nothing from the device;
 otherwise (NUTS with the torch engine) it reads its counters from the device in one go per
 call, together with the kernel's ``readout``, never per leapfrog step.
+
+An adapter that pools the chains (:class:`hmc.adapt.EnsembleWarmup`, ``lockstep``) has
+every chain wait for the others after each warmup iteration; its ``pool`` then adapts from
+all of them, may restart chains, and may skip the rest of the slow windows (every chain's
+counter jumps to the terminal buffer).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hmc.adapt.ensemble import EnsembleState, EnsembleWarmup
 from hmc.adapt.warmup import StanWarmup, WarmupState
 from hmc.checkpoint import Snapshot
 from hmc.kernels.base import Kernel, Phase, Step
@@ -41,17 +47,19 @@ class Run(NamedTuple):
     keys: torch.Tensor
     warmup: int
     draws: int
-    adapter: StanWarmup
+    adapter: StanWarmup | EnsembleWarmup
     checkpoint: Callable[[Snapshot], None] | None = None
     checkpoint_every: int = 0
 
 
 class Timing(NamedTuple):
-    """Seconds until every chain left its warmup, and the fraction of chain-slots that did
-    leapfrog work while every chain was sampling."""
+    """Seconds until every chain left its warmup, the fraction of chain-slots that did
+    leapfrog work while every chain was sampling, and the warmup iterations ``[a, b)``
+    that no chain ran (the pooled warmup's early stop; None when every one ran)."""
 
     warmup_seconds: float
     utilization: float
+    skipped: tuple[int, int] | None = None
 
 
 class _Counts(NamedTuple):
@@ -75,11 +83,11 @@ def run_chains(
     run: Run,
     state: State,
     params: Params,
-    adaptation: WarmupState | None,
+    adaptation: WarmupState | EnsembleState | None,
     recorder: Recorder,
     progress: Progress | None = None,
     resume: Snapshot | None = None,
-) -> tuple[Params, Timing, np.ndarray]:
+) -> tuple[Params, WarmupState | EnsembleState | None, Timing, np.ndarray]:
     """Run every chain from ``state`` through warmup and sampling, recording each
     transition in ``recorder``. ``state``, the step sizes and ``adaptation`` are arrays of the
     run's engine (the metric is tensors); ``adaptation`` is None when nothing adapts.
@@ -87,14 +95,16 @@ def run_chains(
     A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM under :func:`hmc.interrupts.terminate_as_interrupt`)
     ends the loop early, keeping what was recorded. ``resume``, a checkpoint's snapshot,
     continues a run from there (``state``, ``params``, ``adaptation`` and ``recorder``
-    already restored). Returns the final kernel parameters, the timing and the iterations
-    each chain completed ``(C,)`` (NumPy; ``warmup + draws`` each unless interrupted).
+    already restored). Returns the final kernel parameters and adaptation state, the
+    timing and the iterations each chain completed ``(C,)`` (NumPy; ``warmup + draws``
+    each unless interrupted).
 
     With checkpoints, every chain stops at each checkpoint's iteration until all have
     reached it; the snapshot is written and the kernel starts afresh from there (each
     chain's draws depend only on its own history, so this changes no draw). The last
-    checkpoint is written at the end of the run."""
-    kernel, warmup = run.kernel, run.warmup
+    checkpoint is written at the end of the run. A pooling adapter's warmup iterations are
+    such stops too (see the module docstring)."""
+    kernel, warmup, adapter = run.kernel, run.warmup, run.adapter
     total = warmup + run.draws
     chains = state.potential.shape[0]
     first = resume.iteration if resume is not None else 0
@@ -104,8 +114,14 @@ def run_chains(
         iteration = host_iteration
     else:
         iteration = torch.full((chains,), first, dtype=torch.int64, device=state.potential.device)
-    stops = _stops(first, warmup, total, run.checkpoint_every if run.checkpoint else 0)
-    stop = stops.pop(0)  # chains wait for each other there: a checkpoint, or the end
+    every = run.checkpoint_every if run.checkpoint else 0
+    saves = set(_stops(first, warmup, total, every)) if run.checkpoint else set()
+    lockstep = adaptation is not None and adapter.lockstep
+    pooled_stops = set(range(first + 1, warmup + 1)) if lockstep else set()
+    stops = sorted(saves | pooled_stops | {total})
+    stop = stops.pop(0)  # chains wait for each other there: a checkpoint, a pooled
+    # adaptation, or the end
+    skipped = None
     phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
     warming = chains if first < warmup else 0
     counts = _Counts(False, False, False, first * chains, first, warming, chains)
@@ -135,7 +151,6 @@ def run_chains(
                     counts.common_iteration,
                 )
                 if counts.any_adapting and adaptation is not None:
-                    adapter = run.adapter
                     adaptation, params = adapter.update(
                         adaptation,
                         params,
@@ -145,11 +160,12 @@ def run_chains(
                         step.state,
                         run.keys,
                         counts.any_window_end,
+                        step.proposal,
                     )
                     if counts.warming < was_warming:  # some chains left their warmup
                         leaving = step.done & (iteration == warmup - 1)
                         params = adapter.final(adaptation, params, leaving)
-                if run.checkpoint is not None:
+                if run.checkpoint is not None or lockstep:
                     latest = where_rows(step.done, step.state, latest)
                 iteration = iteration + step.done
                 phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
@@ -164,7 +180,20 @@ def run_chains(
                 slots += counts.alive
             if progress is not None and counts.any_done:
                 progress.update(iteration, counts.total_done, recorder, params.step_size)
-            if run.checkpoint is not None and counts.least == stop:  # all at the checkpoint
+            if counts.least != stop:
+                continue
+            # every chain is at the stop
+            restart = stop
+            if stop in pooled_stops:
+                pooled = adapter.pool(adaptation, params, latest, stop - 1, run.keys)
+                adaptation, params, latest = pooled.adaptation, pooled.params, pooled.state
+                if pooled.skip_to is not None:
+                    skipped, restart = (stop, pooled.skip_to), pooled.skip_to
+                    iteration = iteration * 0 + restart
+                    host_iteration = np.full(chains, restart, dtype=np.int64)
+                    stops = [s for s in stops if s > restart]
+                    counts = counts._replace(least=restart)
+            if stop in saves:
                 run.checkpoint(
                     Snapshot(
                         stop,
@@ -181,18 +210,18 @@ def run_chains(
                         time.perf_counter() - started,
                     )
                 )
-                if stop == total:
-                    break
-                kernel_state = kernel.init(latest, stop)
-                stop = stops.pop(0)
-                phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
+            if stop == total:
+                break
+            kernel_state = kernel.init(latest, restart)
+            stop = stops.pop(0)
+            phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the draws so far are kept
         pass
     if progress is not None:
         progress.update(iteration, counts.total_done, recorder, params.step_size, force=True)
-    timing = Timing(warmup_seconds or 0.0, float(useful) / slots if slots else 1.0)
+    timing = Timing(warmup_seconds or 0.0, float(useful) / slots if slots else 1.0, skipped)
     completed = iteration if isinstance(iteration, np.ndarray) else iteration.numpy(force=True)
-    return params, timing, completed
+    return params, adaptation, timing, completed
 
 
 def _stops(first: int, warmup: int, total: int, every: int) -> list[int]:

@@ -7,7 +7,9 @@ Stan and PyMC report these after sampling; so does :func:`hmc.sample`, once each
   cannot follow; the draws may be biased);
 - NUTS transitions that stopped at the maximum tree depth (slow mixing, and a long run);
 - an adapted inverse metric whose scales span more than :data:`METRIC_SPAN` (a direction
-  the posterior barely constrains, or one it pins down, either of which starves the rest).
+  the posterior barely constrains, or one it pins down, either of which starves the rest);
+- chains the pooled warmup restarted from another chain (stranded far below the others'
+  log density: a bad start, or a mode the other chains never visit).
 """
 
 from __future__ import annotations
@@ -23,9 +25,23 @@ __all__ = ["METRIC_SPAN", "warn_about_run"]
 METRIC_SPAN = 1e8
 
 
-def warn_about_run(sample_stats: dict[str, np.ndarray], inverse_metric: np.ndarray) -> None:
+def warn_about_run(
+    sample_stats: dict[str, np.ndarray],
+    inverse_metric: np.ndarray,
+    restarted_chains: np.ndarray | None = None,
+) -> None:
     """Warn about the kept draws' ``sample_stats`` (``(C, W)`` arrays under their ArviZ
-    names) and the adapted ``inverse_metric`` (``(C, D)`` or ``(C, D, D)``)."""
+    names), the adapted ``inverse_metric`` (``(C, D)`` or ``(C, D, D)``) and the chains
+    the warmup restarted ``(R,)``."""
+    if restarted_chains is not None and len(restarted_chains):
+        warnings.warn(
+            f"chains {restarted_chains.tolist()} stayed far below the others' log density "
+            "through warmup and were restarted from other chains' states (a bad start, or "
+            "a mode the other chains never visit: on a posterior with modes of very "
+            "different heights, compare with adapt='stan')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     diverging = sample_stats.get("diverging")
     if diverging is not None and diverging.any():
         count = int(diverging.sum())

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from hmc._torch_compat import distribution_validation_off
+from hmc.adapt.ensemble import EnsembleWarmup, ensemble_schedule
 from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors
@@ -28,6 +29,7 @@ from hmc.checkpoint import Snapshot, read_checkpoint, write_checkpoint
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
 from hmc.interrupts import kept_draws, terminate_as_interrupt
 from hmc.kernels.base import Kernel
+from hmc.kernels.hmc import HMC
 from hmc.loop import Run, run_chains
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential
@@ -58,11 +60,12 @@ def sample(
     *,
     dim: int | None = None,
     chains: int = 4,
-    warmup: int = 1000,
+    warmup: int | None = None,
     draws: int = 1000,
     kernel: str | Kernel = "nuts",
     metric: str = "diag",
-    target_accept: float = 0.8,
+    adapt: str | None = None,
+    target_accept: float | None = None,
     step_size: float | None = None,
     seed: int | None = None,
     dtype: torch.dtype = torch.float64,
@@ -94,11 +97,20 @@ def sample(
     dim : int, optional
         The dimension D, required for a plain callable without ``init``.
     chains, warmup, draws : int
-        Number of chains; warmup (adaptation) and kept iterations per chain.
-    kernel : "nuts", "hmc", or a kernel instance (:class:`hmc.NUTS`, :class:`hmc.HMC`)
+        Number of chains; warmup (adaptation) and kept iterations per chain. Warmup
+        defaults to 1000 with ``adapt="stan"`` and 200 with ``adapt="ensemble"``.
+    kernel : "nuts", "hmc", "chees", or a kernel instance (:class:`hmc.NUTS`,
+        :class:`hmc.HMC`, :class:`hmc.ChEES`)
     metric : "diag" (default), "dense" or "identity" (not adapted)
-    target_accept : float
-        Dual averaging's target acceptance statistic (Stan's delta, 0.8).
+    adapt : "stan" or "ensemble", optional
+        The warmup: ``"stan"`` (the default, except for ChEES) adapts each chain on its
+        own with Stan's windows; ``"ensemble"`` pools all chains into one step size and
+        one metric (the "Fisher" diagonal from draws and gradients) in a short schedule
+        that may stop early, and restarts chains stranded far from the others
+        (:mod:`hmc.adapt.ensemble`). Pooling pays with many chains.
+    target_accept : float, optional
+        Dual averaging's target acceptance statistic (Stan's delta, 0.8; for ChEES the
+        harmonic mean of the chains' acceptance probabilities, 0.651).
     step_size : float, optional
         Initial step size (default 1, then Stan's heuristic). With ``warmup=0`` it is used
         as is; without it and without warmup, the heuristic alone sets it.
@@ -160,6 +172,7 @@ def sample(
         draws=draws,
         kernel=kernel,
         metric=metric,
+        adapt=adapt,
         target_accept=target_accept,
         step_size=step_size,
         seed=seed,
@@ -176,7 +189,7 @@ def sample(
     )
     if checkpoint is not None and checkpoint_every is None:
         checkpoint_every = DEFAULT_CHECKPOINT_EVERY
-    metric = settings.metric
+    metric, warmup, target_accept = settings.metric, settings.warmup, settings.target_accept
     adapted = None if adapted_from is None else read_adaptation(adapted_from)
     device = settings.device
     saved = None
@@ -200,13 +213,7 @@ def sample(
         if bar is not None:
             potential.on_compile = bar.compiling
         keys = chain_keys(settings.seed, torch.arange(chains, device=device))
-        adapter = StanWarmup(
-            schedule=build_schedule(warmup, device=device),
-            search=functools.partial(find_reasonable_step_size, potential=potential),
-            target_accept=target_accept,
-            adapt_metric=metric != "identity",
-            dense=metric == "dense",
-        )
+        adapter = _adapter(settings, potential)
         started = time.perf_counter()
         resume = None
         if saved is None:
@@ -242,7 +249,10 @@ def sample(
             potential.evaluations = saved["evaluations"]
         if settings.engine == "numpy":  # the same records as NumPy arrays sharing their memory
             state, adaptation = as_arrays(state), as_arrays(adaptation)
-            params = Params(params.step_size.numpy(), params.metric)  # the metric stays tensors
+            params = params._replace(  # the metric stays tensors
+                step_size=params.step_size.numpy(),
+                trajectory_length=as_arrays(params.trajectory_length),
+            )
             adapter = dataclasses.replace(adapter, schedule=as_arrays(adapter.schedule))
         recorder = Recorder(chains, warmup, draws, dim, save_warmup, state.position)
         if resume is not None:
@@ -264,7 +274,7 @@ def sample(
             np.errstate(over="ignore", invalid="ignore"),
             terminate_as_interrupt(),
         ):
-            params, timing, completed = run_chains(
+            params, adaptation, timing, completed = run_chains(
                 run, state, params, adaptation, recorder, bar, resume
             )
     finally:
@@ -280,11 +290,14 @@ def sample(
         )
     kept_count = kept_draws(completed, warmup, draws)  # raises if no draw exists yet
 
+    ran = np.arange(warmup)  # the warmup iterations the chains ran
+    if timing.skipped is not None:
+        ran = ran[(ran < timing.skipped[0]) | (ran >= timing.skipped[1])]
     attrs = run_attrs(
         seed=settings.seed,
         kernel=settings.kernel,
         metric=metric,
-        warmup=warmup,
+        warmup=int(ran.size),
         n_gradient_evaluations=potential.evaluations,
         sampling_time=finished - tuning_started - timing.warmup_seconds,
         warmup_time=timing.warmup_seconds,
@@ -296,18 +309,23 @@ def sample(
         compile_time=potential.compile_seconds,
         compile_note=potential.compile_note,
         interrupted=kept_count < draws,
+        adapt=settings.adapt,
+        restarted_chains=_restarted(adaptation),
     )
     kept = slice(recorder.kept - draws, recorder.kept - draws + kept_count)
     draws_array = recorder.draws(kept)
     warmup_groups = {}
     if save_warmup:
+        warmup_draws = recorder.draws(slice(0, warmup))[:, ran]
         warmup_groups = {
-            "warmup_posterior": target.posterior(recorder.draws(slice(0, warmup))),
-            "warmup_sample_stats": recorder.stats(slice(0, warmup)),
+            "warmup_posterior": target.posterior(warmup_draws),
+            "warmup_sample_stats": {
+                name: value[:, ran] for name, value in recorder.stats(slice(0, warmup)).items()
+            },
         }
     dims, coords = target.dims_and_coords()
     stats = recorder.stats(kept)
-    warn_about_run(stats, params.metric.inverse.numpy(force=True))
+    warn_about_run(stats, params.metric.inverse.numpy(force=True), attrs["restarted_chains"])
     tree = to_datatree(
         target.posterior(draws_array),
         stats,
@@ -344,6 +362,34 @@ def resume(
     return sample(
         log_prob, **as_saved, kernel=kernel, dtype=dtype, progress=progress, checkpoint=checkpoint
     )
+
+
+def _adapter(settings: Any, potential: Potential) -> StanWarmup | EnsembleWarmup:
+    """The warmup's adapter for the run's settings."""
+    search = functools.partial(find_reasonable_step_size, potential=potential)
+    common = dict(
+        search=search,
+        target_accept=settings.target_accept,
+        adapt_metric=settings.metric != "identity",
+        dense=settings.metric == "dense",
+    )
+    if settings.adapt == "ensemble":
+        kernel = settings.kernel
+        return EnsembleWarmup(
+            schedule=ensemble_schedule(settings.warmup, device=settings.device),
+            trajectory=kernel.reports_proposal if isinstance(kernel, HMC) else False,
+            max_steps=getattr(kernel, "max_steps", 1024),
+            **common,
+        )
+    return StanWarmup(schedule=build_schedule(settings.warmup, device=settings.device), **common)
+
+
+def _restarted(adaptation: Any) -> np.ndarray:
+    """The chains the pooled warmup restarted from another chain ``(R,)``."""
+    restarted = getattr(adaptation, "restarted", None)
+    if restarted is None:
+        return np.zeros(0, dtype=np.int64)
+    return torch.as_tensor(restarted).nonzero().flatten().numpy(force=True)
 
 
 def _run_identity(

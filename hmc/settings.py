@@ -20,12 +20,14 @@ import torch
 from hmc.arrays import engine_for
 from hmc.atomic import check_writable_file
 from hmc.kernels.base import Kernel
+from hmc.kernels.chees import ChEES
 from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
 from hmc.potential import COMPILE_CHOICES
 from hmc.target import FlatTarget, Target
 
 __all__ = [
+    "ADAPTATIONS",
     "AUTO_COMPILE_ITERATIONS",
     "DEFAULT_CHECKPOINT_EVERY",
     "KERNELS",
@@ -38,6 +40,14 @@ __all__ = [
 ]
 
 METRICS = ("identity", "diag", "dense")
+#: warmup adaptations: each chain on its own (Stan's) or all chains pooled
+#: (:mod:`hmc.adapt.ensemble`)
+ADAPTATIONS = ("stan", "ensemble")
+#: default warmup iterations per adaptation
+DEFAULT_WARMUP = {"stan": 1000, "ensemble": 200}
+#: ChEES's default target for the harmonic mean of the acceptance probabilities (the
+#: optimum for HMC on Gaussians, Beskos et al. 2013); NUTS and HMC target 0.8 (Stan)
+CHEES_TARGET_ACCEPT = 0.651
 #: ``hmc.sample(compile="auto")`` compiles runs of at least this many iterations per chain
 #: (warmup + draws; the default run has 2,000): at that length the eager gradients of every
 #: built-in posterior take longer than compiling it (benchmarks/RESULTS.md, compiled
@@ -45,14 +55,16 @@ METRICS = ("identity", "diag", "dense")
 AUTO_COMPILE_ITERATIONS = 1000
 #: iterations between checkpoints when ``checkpoint=`` is given alone
 DEFAULT_CHECKPOINT_EVERY = 100
-KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS}
+KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS, "chees": ChEES}
 
 
 class Settings(NamedTuple):
     """The kernel to run, the metric's name (lower case), the seed (drawn when none was
     given), whether to show progress, the chains' device, the run's engine
-    (:func:`hmc.arrays.engine_for`) and whether to compile the energy
-    (``compile="auto"`` decided by :data:`AUTO_COMPILE_ITERATIONS`)."""
+    (:func:`hmc.arrays.engine_for`), whether to compile the energy (``compile="auto"``
+    decided by :data:`AUTO_COMPILE_ITERATIONS`), the warmup adaptation's name, the
+    number of warmup iterations and the target acceptance statistic (their defaults when
+    none was given)."""
 
     kernel: Kernel
     metric: str
@@ -61,6 +73,9 @@ class Settings(NamedTuple):
     device: torch.device
     engine: str
     compile: bool
+    adapt: str
+    warmup: int
+    target_accept: float
 
 
 def _is_int(value: Any) -> bool:
@@ -71,7 +86,7 @@ def validate(**kw: Any) -> Settings:
     """Check ``hmc.sample``'s arguments (by name); raise naming the first bad one."""
     for name, minimum in (("chains", 1), ("warmup", 0), ("draws", 1)):
         value = kw[name]
-        if not _is_int(value) or value < minimum:
+        if (name != "warmup" or value is not None) and (not _is_int(value) or value < minimum):
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     kernel = kw["kernel"]
     if isinstance(kernel, str):
@@ -80,12 +95,17 @@ def validate(**kw: Any) -> Settings:
         kernel = KERNELS[kernel.lower()]()
     elif isinstance(kernel, type) or not (hasattr(kernel, "step") and hasattr(kernel, "init")):
         raise TypeError(
-            f"kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS), got {kernel!r}"
+            "kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS, hmc.ChEES), "
+            f"got {kernel!r}"
         )
+    adapt = _adaptation(kw["adapt"], kernel)
+    warmup = DEFAULT_WARMUP[adapt] if kw["warmup"] is None else kw["warmup"]
     metric = kw["metric"]
     if not isinstance(metric, str) or metric.lower() not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     target_accept = kw["target_accept"]
+    if target_accept is None:
+        target_accept = CHEES_TARGET_ACCEPT if isinstance(kernel, ChEES) else 0.8
     if not isinstance(target_accept, int | float) or not 0 < target_accept < 1:
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
     step = kw["step_size"]
@@ -116,7 +136,12 @@ def validate(**kw: Any) -> Settings:
     device = _device(kw["device"])
     compile = kw["compile"]
     if compile == "auto":
-        compile = bool(kw["warmup"] + kw["draws"] >= AUTO_COMPILE_ITERATIONS)
+        compile = bool(warmup + kw["draws"] >= AUTO_COMPILE_ITERATIONS)
+    if adapt == "ensemble" and kw["checkpoint"] is not None:
+        raise ValueError(
+            "checkpoint= works with adapt='stan' only: the pooled warmup's state is not "
+            "saved in checkpoints yet"
+        )
     return Settings(
         kernel,
         metric.lower(),
@@ -125,7 +150,27 @@ def validate(**kw: Any) -> Settings:
         device,
         engine_for(device, kw["engine"]),
         compile,
+        adapt,
+        warmup,
+        float(target_accept),
     )
+
+
+def _adaptation(adapt: Any, kernel: Kernel) -> str:
+    """The warmup adaptation's name: ``adapt`` checked, or by default ``"ensemble"`` for
+    ChEES (whose trajectory length is learnt across chains) and ``"stan"`` otherwise."""
+    learns_length = isinstance(kernel, ChEES)
+    if adapt is None:
+        return "ensemble" if learns_length else "stan"
+    if not isinstance(adapt, str) or adapt.lower() not in ADAPTATIONS:
+        raise ValueError(f"adapt must be one of {ADAPTATIONS}, got {adapt!r}")
+    adapt = adapt.lower()
+    if learns_length and adapt != "ensemble":
+        raise ValueError(
+            "kernel ChEES learns its trajectory length across chains: use adapt='ensemble' "
+            "(the default for it)"
+        )
+    return adapt
 
 
 def _check_checkpoint(path: Any, every: Any) -> None:

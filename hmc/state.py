@@ -38,11 +38,25 @@ class State(NamedTuple):
 
 
 class Params(NamedTuple):
-    """Per-chain kernel parameters: ``step_size`` ``(C,)`` and the metric
-    (:mod:`hmc.metric`)."""
+    """Per-chain kernel parameters: ``step_size`` ``(C,)``, the metric
+    (:mod:`hmc.metric`) and, for :class:`hmc.ChEES`, the learnt ``trajectory_length``
+    ``(C,)`` (None for other kernels)."""
 
     step_size: torch.Tensor
     metric: NamedTuple
+    trajectory_length: torch.Tensor | None = None
+
+
+class Proposal(NamedTuple):
+    """The trajectory of a static transition, for adaptation across chains (ChEES): the
+    start positions ``(C, D)``, the proposed positions ``(C, D)``, the velocities
+    ``M^-1 p`` there ``(C, D)``, before the Metropolis test, and the integration times
+    (steps times step size) ``(C,)``."""
+
+    start: torch.Tensor
+    end: torch.Tensor
+    velocity: torch.Tensor
+    time: torch.Tensor
 
 
 def where_rows[R: tuple](mask: torch.Tensor | np.ndarray, a: R, b: R) -> R:

@@ -83,8 +83,12 @@ def run_attrs(
     compile_time: float,
     compile_note: str | None,
     interrupted: bool = False,
+    adapt: str = "stan",
+    restarted_chains: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """The attrs of a run's DataTree (ArviZ's names where ArviZ has one)."""
+    """The attrs of a run's DataTree (ArviZ's names where ArviZ has one): ``tuning_steps``
+    counts the warmup iterations each chain ran, ``adapt`` names the warmup and
+    ``restarted_chains`` lists the chains it restarted from another."""
     return {
         "inference_library": "hmc",
         "inference_library_version": _version(),
@@ -105,27 +109,30 @@ def run_attrs(
         "compile_time": compile_time,
         "compile_note": compile_note or "",
         "interrupted": interrupted,
+        "adapt": adapt,
+        "restarted_chains": np.zeros(0, dtype=np.int64)
+        if restarted_chains is None
+        else restarted_chains,
     }
 
 
 def adaptation_group(params: Any):
-    """The ``adaptation`` group: each chain's adapted step size ``(chain,)`` and inverse
+    """The ``adaptation`` group: each chain's adapted step size ``(chain,)``, inverse
     metric ``(chain, unconstrained)`` or ``(chain, unconstrained, unconstrained_column)``
-    (the sampler's flat unconstrained coordinates, numbered), from tensor ``params``."""
+    (the sampler's flat unconstrained coordinates, numbered) and, for ChEES, trajectory
+    length ``(chain,)``, from tensor ``params``."""
     import xarray
 
     inverse = params.metric.inverse.numpy(force=True)
     dims = ("chain", "unconstrained", "unconstrained_column")[: inverse.ndim]
     coords = {name: np.arange(size) for name, size in zip(dims, inverse.shape, strict=True)}
-    return xarray.DataTree(
-        xarray.Dataset(
-            {
-                "step_size": (("chain",), params.step_size.numpy(force=True)),
-                "inverse_metric": (dims, inverse),
-            },
-            coords=coords,
-        )
-    )
+    variables = {
+        "step_size": (("chain",), params.step_size.numpy(force=True)),
+        "inverse_metric": (dims, inverse),
+    }
+    if params.trajectory_length is not None:
+        variables["trajectory_length"] = (("chain",), params.trajectory_length.numpy(force=True))
+    return xarray.DataTree(xarray.Dataset(variables, coords=coords))
 
 
 def _version() -> str:

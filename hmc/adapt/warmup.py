@@ -47,7 +47,7 @@ from hmc.adapt.step_size import (
 from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, welford_update
 from hmc.arrays import as_arrays, as_tensors, namespace
 from hmc.metric import Metric, metric_from_inverse
-from hmc.state import Params, State, take_rows, where_rows
+from hmc.state import Params, Proposal, State, take_rows, where_rows
 
 __all__ = ["StanWarmup", "StepSizeSearch", "WarmupState"]
 
@@ -86,6 +86,8 @@ class StanWarmup:
     target_accept: float = 0.8
     adapt_metric: bool = True
     dense: bool = False
+    #: each chain adapts on its own: the driver never waits for the others
+    lockstep = False
 
     def init(self, state: State, params: Params, keys: torch.Tensor) -> tuple[WarmupState, Params]:
         """Run the step-size heuristic from the initial states ``(C, D)`` (tensors) and
@@ -112,6 +114,7 @@ class StanWarmup:
         state: State,
         keys: torch.Tensor,
         window_ends: bool = True,
+        proposal: Proposal | None = None,
     ) -> tuple[WarmupState, Params]:
         """Adapt the chains in ``done`` ``(C,)`` after their warmup iteration
         ``iteration`` ``(C,)``: ``accept_stat`` ``(C,)`` and ``state`` are the finished
@@ -120,7 +123,8 @@ class StanWarmup:
 
         ``window_ends=False`` says, from the caller's host counters, that no chain in
         ``done`` ends a slow window: the metric update (which must find those chains, a
-        device read) is then skipped. Returns the new adaptation state and parameters.
+        device read) is then skipped. ``proposal`` (the trajectories, for adapters that
+        pool them) is not used. Returns the new adaptation state and parameters.
         """
         schedule = self.schedule
         if isinstance(done, np.ndarray) and window_ends:  # rare: run it on tensor views

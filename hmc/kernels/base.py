@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from hmc.potential import Potential
-from hmc.state import Params, State
+from hmc.state import Params, Proposal, State
 
-__all__ = ["Kernel", "Params", "Phase", "Step"]
+__all__ = ["Kernel", "Params", "Phase", "Proposal", "Step"]
 
 
 class Phase(NamedTuple):
@@ -58,6 +58,8 @@ class Step(NamedTuple):
         knows them on the host (the NumPy engine; static HMC, whose every call completes a
         transition of every chain); None when only the device knows (the driver then reads
         its counters from the device).
+    proposal : the trajectories of this call's transitions, from kernels whose adaptation
+        needs them (:class:`hmc.ChEES`); None otherwise.
     """
 
     done: torch.Tensor
@@ -65,6 +67,7 @@ class Step(NamedTuple):
     info: NamedTuple | None
     work: torch.Tensor
     finished: np.ndarray | None
+    proposal: Proposal | None = None
 
 
 class Kernel(Protocol):

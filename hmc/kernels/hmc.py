@@ -27,7 +27,7 @@ import torch
 
 from hmc.arrays import as_arrays, namespace, to_float64, to_int64
 from hmc.integrators import leapfrog
-from hmc.kernels.base import Params, Phase, Step
+from hmc.kernels.base import Params, Phase, Proposal, Step
 from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.random import Stream, normal, uniform
@@ -118,6 +118,9 @@ class HMC:
     max_energy_error: float = 1000.0
 
     stat_names = HMCInfo._fields
+    #: whether each call's :class:`~hmc.kernels.base.Step` carries the trajectories
+    #: (their start, end and final velocity), which an adaptation across chains may need
+    reports_proposal = False
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and (
@@ -169,8 +172,8 @@ class HMC:
         source, metric = params.metric, kernel_state.metric
         if kernel_state.metric_source is not source:
             metric = as_arrays(source) if on_numpy else source
-        new_state, info = self._transition(
-            kernel_state.state, Params(params.step_size, metric), potential, draws
+        new_state, info, proposal = self._transition(
+            kernel_state.state, params._replace(metric=metric), potential, draws
         )
         busy = kernel_state.busy  # all ones for a fixed number of steps
         if self.num_steps is None:
@@ -187,7 +190,8 @@ class HMC:
             metric,
             kernel_state.readout,
         )
-        return kernel_state, Step(kernel_state.all_chains, new_state, info, busy, np.arange(chains))
+        step = Step(kernel_state.all_chains, new_state, info, busy, np.arange(chains), proposal)
+        return kernel_state, step
 
     @staticmethod
     def with_readout(kernel_state: HMCState, values: list[int]) -> HMCState:
@@ -211,10 +215,11 @@ class HMC:
     ) -> torch.Tensor:
         """``(C,)`` leapfrog steps of each chain's transition number ``counter``."""
         u = self.draws(keys, counter, 1, step_size.dtype).steps
-        return self._num_steps(step_size, u)
+        return self._num_steps(Params(step_size, None), u)
 
-    def _num_steps(self, step_size: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+    def _num_steps(self, params: Params, u: torch.Tensor | None) -> torch.Tensor:
         """``(C,)`` leapfrog steps from the chains' step sizes and uniforms ``u`` ``(C,)``."""
+        step_size = params.step_size
         xp = namespace(step_size)
         if u is None:
             return to_int64(xp.zeros_like(step_size)) + self.num_steps
@@ -243,20 +248,21 @@ class HMC:
         if isinstance(position, np.ndarray):
             dtype = torch.from_numpy(position[:0]).dtype
             draws = as_arrays(self.draws(keys, torch.as_tensor(counter), position.shape[1], dtype))
-            params = Params(params.step_size, as_arrays(params.metric))
+            params = params._replace(metric=as_arrays(params.metric))
         else:
             draws = self.draws(keys, counter, position.shape[1], position.dtype)
-        return self._transition(state, params, potential, draws)
+        return self._transition(state, params, potential, draws)[:2]
 
     def _transition(
         self, state: State, params: Params, potential: Potential, draws: HMCDraws
-    ) -> tuple[State, HMCInfo]:
+    ) -> tuple[State, HMCInfo, Proposal | None]:
         """One HMC transition of every chain with the given random numbers (arrays of the
-        engine of ``state``; the metric's too)."""
+        engine of ``state``; the metric's too), and its trajectories when the kernel
+        reports them."""
         metric = params.metric
         momentum = metric.momentum(draws.noise)
         start_energy = state.potential + metric.kinetic_energy(momentum)
-        steps = self._num_steps(params.step_size, draws.steps)
+        steps = self._num_steps(params, draws.steps)
         step_size = params.step_size[:, None]
 
         proposal, p = state, momentum
@@ -267,7 +273,14 @@ class HMC:
                 proposal, p = leapfrog(proposal, p, step_size, metric, potential)
         else:
             proposal, p = _integrate_ragged(proposal, p, step_size, params, potential, steps)
-        return self._metropolis(state, start_energy, proposal, p, metric, draws.accept, steps)
+        trajectory = None
+        if self.reports_proposal:
+            time = steps * params.step_size
+            trajectory = Proposal(state.position, proposal.position, metric.velocity(p), time)
+        new_state, info = self._metropolis(
+            state, start_energy, proposal, p, metric, draws.accept, steps
+        )
+        return new_state, info, trajectory
 
     def _metropolis[A: (torch.Tensor, np.ndarray)](
         self,

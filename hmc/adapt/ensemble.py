@@ -1,0 +1,484 @@
+"""Ensemble warmup: every iteration of every chain pooled into one adaptation.
+
+All chains run their warmup iterations in lockstep (the driver waits for every chain to
+finish iteration ``t`` before any begins ``t + 1``) and share one step size, one metric
+and, for :class:`hmc.ChEES`, one trajectory length. After each warmup iteration
+(:meth:`EnsembleWarmup.pool`):
+
+1. one dual-averaging update on the chains' mean acceptance statistic (for ChEES, as in
+   its paper, the harmonic mean of the chains that did not diverge, here times their
+   share, so that divergences shrink the step size); one update per chain would inflate
+   the gain about ``sqrt(C)`` and make the step size oscillate;
+2. inside a slow window, every chain's position and gradient join pooled moments; at the
+   window's end the inverse metric becomes the "Fisher" diagonal
+   ``sqrt(Var x / Var grad log p)`` (exact for a Gaussian, whose gradient variance is the
+   inverse of its variance), or the pooled covariance for ``metric="dense"``, regularised
+   as Stan regularises (``n / (n + 5) * S + 1e-3 * 5 / (n + 5)``, ``n`` the pooled count);
+   Stan's step-size heuristic then runs on every chain and dual averaging restarts at the
+   geometric mean of their step sizes;
+3. at a window's end, when warmup has settled (:func:`settled`: the new metric within
+   :data:`EARLY_STOP_METRIC_CHANGE` of the previous window's in every coordinate, and the
+   log density without a trend across the window, its bulk ESS above
+   :data:`EARLY_STOP_ESS`), the later windows are skipped: warmup goes on with its
+   terminal buffer, which only tunes the step size. R-hat over a window is no test here:
+   over a few dozen autocorrelated draws per chain it stays well above 1 on chains that
+   have converged (1.06-1.08 with 256 chains on a Gaussian);
+4. for ChEES, the trajectory length takes one Adam step (``beta1 = 0``, ``beta2 = 0.95``,
+   steps clipped to ``+-0.35`` in ``log T``) up the ChEES criterion's gradient, estimated
+   from every chain's trajectory and weighted by its acceptance probability;
+5. after the last warmup iteration the step size becomes ``exp(x_bar)`` and ``T`` the
+   average of its log iterates; a chain whose log density over the terminal buffer stays
+   far below the others' (:func:`stranded_chains`) restarts from a healthy chain's state.
+
+The schedule (:func:`ensemble_schedule`) is Stan's windowed one with shorter buffers: 10 %
+of the warmup for the first fast buffer and the first window, 20 % for the terminal one
+(200 iterations: windows 20-39, 40-79, 80-159, terminal buffer 160-199).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from hmc.adapt.schedule import WarmupSchedule, build_schedule
+from hmc.adapt.step_size import (
+    DualAveragingState,
+    dual_averaging_final,
+    dual_averaging_init,
+    dual_averaging_update,
+)
+from hmc.adapt.warmup import StepSizeSearch
+from hmc.arrays import as_tensors
+from hmc.metric import metric_from_inverse
+from hmc.state import Params, Proposal, State
+
+__all__ = [
+    "EARLY_STOP_ESS",
+    "EARLY_STOP_METRIC_CHANGE",
+    "EnsembleState",
+    "EnsembleWarmup",
+    "Pooled",
+    "PooledMoments",
+    "TrajectoryState",
+    "ensemble_schedule",
+    "settled",
+    "stranded_chains",
+]
+
+#: warmup has settled when no coordinate of the inverse metric moved by more than this
+#: factor since the previous window ...
+EARLY_STOP_METRIC_CHANGE = 1.25
+#: ... the bulk ESS of the log density over the window is above this ...
+EARLY_STOP_ESS = 400.0
+#: ... and the means of its two halves differ by less than this many standard errors
+EARLY_STOP_TREND = 3.0
+#: a chain is stranded when its mean log density over the terminal buffer is below the
+#: chains' median by more than this many times the typical within-chain standard deviation
+STRANDED_SPREADS = 10.0
+#: ... and by more than this many nats
+STRANDED_NATS = 10.0
+#: ChEES's Adam: learning rate, second-moment decay, largest step in log T
+ADAM_RATE, ADAM_BETA2, ADAM_CLIP = 0.05, 0.95, 0.35
+#: ChEES's gradients are clipped to this many times their running root mean square
+OUTLIER_RMS = 5.0
+#: weight ``k ** -TRAJECTORY_DECAY`` of iterate ``k`` in the average of log T
+TRAJECTORY_DECAY = 0.5
+
+
+def ensemble_schedule(num_warmup: int, device: torch.device | str = "cpu") -> WarmupSchedule:
+    """The ensemble warmup's windows for ``num_warmup`` iterations (see the module)."""
+    tenth = max(1, math.ceil(0.1 * num_warmup))
+    return build_schedule(
+        num_warmup,
+        init_buffer=tenth,
+        term_buffer=max(1, math.ceil(0.2 * num_warmup)),
+        base_window=tenth,
+        device=device,
+    )
+
+
+class PooledMoments(NamedTuple):
+    """Mean and summed squared deviations of vectors from all chains: ``count`` a 0-d
+    tensor, ``mean`` ``(D,)``, ``m2`` ``(D,)`` (diagonal) or ``(D, D)`` (dense)."""
+
+    count: torch.Tensor
+    mean: torch.Tensor
+    m2: torch.Tensor
+
+
+def moments_init(like: torch.Tensor, dense: bool) -> PooledMoments:
+    """Empty moments for vectors shaped like the rows of ``like`` ``(C, D)``."""
+    dim = like.shape[1]
+    zero = like.new_zeros(())
+    return PooledMoments(zero, like.new_zeros(dim), like.new_zeros((dim, dim) if dense else dim))
+
+
+def moments_add(moments: PooledMoments, x: torch.Tensor) -> PooledMoments:
+    """``moments`` with the rows of ``x`` ``(C, D)`` added (Chan et al.'s pairwise merge)."""
+    n = x.shape[0]
+    batch_mean = x.mean(0)
+    centred = x - batch_mean
+    total = moments.count + n
+    delta = batch_mean - moments.mean
+    weight = moments.count * n / total
+    if moments.m2.dim() == 2:
+        batch_m2 = centred.T @ centred
+        m2 = moments.m2 + batch_m2 + weight * torch.outer(delta, delta)
+    else:
+        m2 = moments.m2 + (centred * centred).sum(0) + weight * delta * delta
+    return PooledMoments(total, moments.mean + delta * (n / total), m2)
+
+
+def _regularised(estimate: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Stan's shrinkage of a (co)variance estimate from ``count`` draws."""
+    shrink, jitter = count / (count + 5), 1e-3 * 5 / (count + 5)
+    if estimate.dim() == 2:
+        return shrink * estimate + jitter * torch.eye(estimate.shape[0]).to(estimate)
+    return shrink * estimate + jitter
+
+
+def pooled_inverse_metric(position: PooledMoments, gradient: PooledMoments) -> torch.Tensor:
+    """The inverse metric from the pooled moments: ``sqrt(Var x / Var grad)`` per
+    coordinate (``Var x`` where the gradient does not vary) ``(D,)``, or the covariance of
+    the positions ``(D, D)`` when they are dense."""
+    n = position.count
+    variance = position.m2 / (n - 1).clamp(min=1)
+    if variance.dim() == 2:
+        return _regularised(0.5 * (variance + variance.T), n)
+    gradient_variance = gradient.m2 / (n - 1).clamp(min=1)
+    usable = (gradient_variance > 0) & torch.isfinite(gradient_variance)
+    fisher = torch.sqrt(variance / torch.where(usable, gradient_variance, 1.0))
+    return _regularised(torch.where(usable, fisher, variance), n)
+
+
+class TrajectoryState(NamedTuple):
+    """ChEES's trajectory length, 0-d tensors: the current ``log_length``, the average of
+    its iterates ``log_length_average``, Adam's ``second_moment`` and ``steps`` taken."""
+
+    log_length: torch.Tensor
+    log_length_average: torch.Tensor
+    second_moment: torch.Tensor
+    steps: torch.Tensor
+
+
+def chees_gradient(proposal: Proposal, accept: torch.Tensor) -> torch.Tensor:
+    """The ChEES criterion's gradient with respect to ``log T`` (0-d), from every chain's
+    trajectory (:class:`~hmc.kernels.base.Proposal`) and acceptance probability ``(C,)``.
+
+    Chain ``c`` ran for the time ``t_c = h T``, so ``d/dlog T = t_c d/dt``, and
+    ``d/dt |x'(t) - mean'|^2 = 2 (x' - mean') . v'``: its term is
+    ``t_c (|x' - mean'|^2 - |x - mean|^2) (x' - mean') . v'`` (the constant factor is
+    immaterial to Adam), weighted by the acceptance probabilities. Chains with a
+    non-finite trajectory weigh nothing."""
+    finite = torch.isfinite(proposal.end).all(1) & torch.isfinite(proposal.velocity).all(1)
+    weight = torch.where(finite, torch.nan_to_num(accept, nan=0.0), 0.0)
+    total = weight.sum()
+    if not total > 0:
+        return accept.new_zeros(())
+    end = torch.where(finite[:, None], proposal.end, 0.0)
+    velocity = torch.where(finite[:, None], proposal.velocity, 0.0)
+    end_centred = end - (weight[:, None] * end).sum(0) / total
+    start_centred = proposal.start - proposal.start.mean(0)
+    change = (end_centred**2).sum(1) - (start_centred**2).sum(1)
+    per_chain = proposal.time * change * (end_centred * velocity).sum(1)
+    per_chain = torch.where((weight > 0) & torch.isfinite(per_chain), per_chain, 0.0)
+    return (weight * per_chain).sum() / total
+
+
+def adam_ascent(state: TrajectoryState, gradient: torch.Tensor) -> TrajectoryState:
+    """One step of Adam without momentum up ``gradient`` in ``log T``: the gradient
+    clipped to :data:`OUTLIER_RMS` times its running root mean square, the step to
+    :data:`ADAM_CLIP` (no step for a gradient that is not finite)."""
+    if not torch.isfinite(gradient):
+        return state
+    if state.steps > 0:  # an outlier (a trajectory thrown far by a too-large step size
+        # while dual averaging explores) would freeze Adam's scale for hundreds of steps
+        rms = torch.sqrt(state.second_moment / (1 - ADAM_BETA2**state.steps))
+        gradient = gradient.clamp(-OUTLIER_RMS * rms, OUTLIER_RMS * rms)
+    steps = state.steps + 1
+    second = ADAM_BETA2 * state.second_moment + (1 - ADAM_BETA2) * gradient**2
+    scale = torch.sqrt(second / (1 - ADAM_BETA2**steps)) + 1e-12
+    move = (ADAM_RATE * gradient / scale).clamp(-ADAM_CLIP, ADAM_CLIP)
+    log_length = state.log_length + move
+    weight = steps ** (-TRAJECTORY_DECAY)
+    average = (1 - weight) * state.log_length_average + weight * log_length
+    return TrajectoryState(log_length, average, second, steps)
+
+
+def stranded_chains(log_density: torch.Tensor) -> torch.Tensor:
+    """``(C,)`` the chains whose log densities over the last iterations ``(C, N)`` stay far
+    below the others': their mean is below the median of the chains' means by more than
+    :data:`STRANDED_SPREADS` times the median within-chain standard deviation and more
+    than :data:`STRANDED_NATS` nats."""
+    finite = torch.where(torch.isfinite(log_density), log_density, -torch.inf)
+    mean = finite.mean(1)
+    spread = finite.std(1) if finite.shape[1] > 1 else torch.zeros_like(mean)
+    usable = torch.isfinite(mean)
+    if not usable.any():
+        return torch.zeros_like(usable)
+    median = mean[usable].median()
+    typical = torch.nan_to_num(spread[usable]).median()
+    gap = torch.clamp(STRANDED_SPREADS * typical, min=STRANDED_NATS)
+    return ~(mean >= median - gap)
+
+
+class EnsembleState(NamedTuple):
+    """The pooled adaptation state.
+
+    dual_averaging : one dual averaging, ``(1,)`` fields.
+    accept : ``(C,)`` each chain's acceptance statistic of its current iteration.
+    position, gradient : pooled moments of the current window.
+    log_density : ``(C, S)`` the chains' log densities since the last window end (or the
+        start), for the early stop and the stranded chains.
+    search_counter : ``(C,)`` the counters of the step-size search's random streams.
+    trajectory : ChEES's trajectory length (None for other kernels).
+    proposal : the chains' last trajectories (ChEES; None otherwise).
+    restarted : ``(C,)`` the chains restarted from another at the end of warmup.
+    inverse : the last window's pooled inverse metric ``(D,)`` or ``(D, D)``; empty
+        ``(0,)`` before the first window ends.
+    """
+
+    dual_averaging: DualAveragingState
+    accept: torch.Tensor
+    position: PooledMoments
+    gradient: PooledMoments
+    log_density: torch.Tensor
+    search_counter: torch.Tensor
+    trajectory: TrajectoryState | None
+    proposal: Proposal | None
+    restarted: torch.Tensor
+    inverse: torch.Tensor
+
+
+class Pooled(NamedTuple):
+    """What :meth:`EnsembleWarmup.pool` returns: the adaptation state, the chains'
+    parameters and states, and the warmup iteration every chain goes on with when the
+    later windows are skipped (None otherwise)."""
+
+    adaptation: EnsembleState
+    params: Params
+    state: State
+    skip_to: int | None
+
+
+@dataclass(frozen=True)
+class EnsembleWarmup:
+    """Warmup shared by all chains (see the module docstring).
+
+    Parameters
+    ----------
+    schedule : the windows (:func:`ensemble_schedule`).
+    search : the step-size heuristic, with the energy module bound.
+    target_accept : dual averaging's target acceptance statistic.
+    adapt_metric : whether the metric is estimated in the slow windows.
+    dense : whether the estimate is the full covariance.
+    trajectory : whether to learn ChEES's trajectory length.
+    early_stop : whether a window whose chains agree ends the slow windows.
+    restart_stranded : whether stranded chains restart from healthy ones at the end.
+    max_steps : the longest trajectory ChEES learns, in steps of the step size.
+    """
+
+    schedule: WarmupSchedule
+    search: StepSizeSearch
+    target_accept: float = 0.8
+    adapt_metric: bool = True
+    dense: bool = False
+    trajectory: bool = False
+    early_stop: bool = True
+    restart_stranded: bool = True
+    max_steps: int = 1024
+    #: the driver runs warmup iterations in lockstep and calls :meth:`pool` after each
+    lockstep = True
+
+    def init(
+        self, state: State, params: Params, keys: torch.Tensor
+    ) -> tuple[EnsembleState, Params]:
+        """Start from the initial states ``(C, D)`` (tensors): Stan's heuristic on every
+        chain, one step size (their geometric mean), dual averaging shrinking towards ten
+        times the initial step size, and for ChEES a trajectory of one step."""
+        chains = state.position.shape[0]
+        counter = torch.zeros_like(keys)
+        step_size, counter = self.search(state, params.step_size, params.metric, keys, counter)
+        common = step_size.log().mean().exp().reshape(1)
+        start = params.step_size.log().mean().exp().reshape(1)
+        da = dual_averaging_init(common, shrink_towards=start)
+        trajectory = None
+        length = params.trajectory_length
+        if self.trajectory:
+            log_length = common.log()[0] if length is None else length.log().mean()
+            zero = log_length.new_zeros(())
+            trajectory = TrajectoryState(log_length, log_length, zero, zero)
+            length = log_length.exp().expand(chains).clone()
+        adaptation = EnsembleState(
+            da,
+            state.potential.new_zeros(chains),
+            moments_init(state.position, self.dense),
+            moments_init(state.position, False),
+            state.potential.new_zeros((chains, 0)),
+            counter,
+            trajectory,
+            None,
+            torch.zeros(chains, dtype=torch.bool, device=keys.device),
+            state.position.new_zeros(0),
+        )
+        return adaptation, Params(common.expand(chains).clone(), params.metric, length)
+
+    def update(
+        self,
+        adaptation: EnsembleState,
+        params: Params,
+        done: torch.Tensor,
+        iteration: torch.Tensor,
+        accept_stat: torch.Tensor,
+        state: State,
+        keys: torch.Tensor,
+        window_ends: bool = True,
+        proposal: Proposal | None = None,
+    ) -> tuple[EnsembleState, Params]:
+        """Keep the acceptance statistics ``(C,)`` (and trajectories) of the chains
+        ``done`` ``(C,)``; the parameters change only in :meth:`pool`. The adaptation
+        state is kept in tensors whatever the engine (NumPy arrays are viewed as such)."""
+        adaptation, done, accept_stat = map(as_tensors, (adaptation, done, accept_stat))
+        accept = torch.where(done, accept_stat.to(adaptation.accept), adaptation.accept)
+        if proposal is not None:
+            proposal = as_tensors(proposal)
+        return adaptation._replace(accept=accept, proposal=proposal), params
+
+    def final(self, adaptation: EnsembleState, params: Params, leaving: torch.Tensor) -> Params:
+        """The parameters as they are: the last :meth:`pool` sets the sampling ones."""
+        return params
+
+    def pool(
+        self,
+        adaptation: EnsembleState,
+        params: Params,
+        state: State,
+        iteration: int,
+        keys: torch.Tensor,
+    ) -> Pooled:
+        """Adapt after every chain finished warmup iteration ``iteration`` (0-based), at
+        ``state`` (``keys`` ``(C,)`` the chains' keys, for the step-size search; ``state``
+        tensors, or NumPy arrays for the NumPy engine: they are viewed as
+        tensors; the returned state is of the same kind)."""
+        on_numpy = isinstance(state.position, np.ndarray)
+        tensors, adaptation = as_tensors(state), as_tensors(adaptation)
+        chains = tensors.position.shape[0]
+        schedule = self.schedule
+        accept = torch.nan_to_num(adaptation.accept, nan=0.0).clamp(0.0, 1.0)
+        if self.trajectory:  # ChEES: the harmonic mean of the chains that may move, times
+            # their share (a divergence, acceptance 0, pulls the step size down but does
+            # not wipe out the mean)
+            moved = accept > 0
+            count = moved.sum()
+            harmonic = count / torch.where(moved, 1.0 / accept.clamp(min=1e-300), 0.0).sum()
+            pooled_accept = torch.where(count > 0, harmonic * count / chains, 0.0)
+        else:
+            pooled_accept = accept.mean()
+        da = dual_averaging_update(
+            adaptation.dual_averaging, pooled_accept.reshape(1), target=self.target_accept
+        )
+        step_size = da.log_step_size.exp()
+        log_density = torch.cat((adaptation.log_density, -tensors.potential[:, None]), 1)
+        adaptation = adaptation._replace(dual_averaging=da, log_density=log_density)
+        trajectory = adaptation.trajectory
+        if trajectory is not None and adaptation.proposal is not None:
+            gradient = chees_gradient(adaptation.proposal, accept)
+            trajectory = adam_ascent(trajectory, gradient)
+        metric, skip_to = params.metric, None
+        windows = schedule.windows if self.adapt_metric else []
+        in_window = any(first <= iteration <= last for first, last in windows)
+        if in_window:
+            adaptation = adaptation._replace(
+                position=moments_add(adaptation.position, tensors.position),
+                gradient=moments_add(adaptation.gradient, -tensors.grad),
+            )
+        if in_window and schedule.ends_window(iteration):
+            inverse = pooled_inverse_metric(adaptation.position, adaptation.gradient)
+            metric = metric_from_inverse(inverse[None].expand(chains, *inverse.shape).clone())
+            searched, counter = self.search(
+                tensors,
+                step_size.expand(chains).clone(),
+                metric,
+                keys,
+                adaptation.search_counter,
+            )
+            common = searched.log().mean().exp().reshape(1)
+            da = dual_averaging_init(common)
+            step_size = common
+            last = iteration == windows[-1][1]
+            if self.early_stop and not last and settled(log_density, inverse, adaptation.inverse):
+                skip_to = windows[-1][1] + 1
+            adaptation = adaptation._replace(
+                dual_averaging=da,
+                position=moments_init(tensors.position, self.dense),
+                gradient=moments_init(tensors.position, False),
+                log_density=log_density[:, :0],
+                search_counter=counter,
+                inverse=inverse,
+            )
+        if iteration == schedule.num_warmup - 1:
+            step_size = dual_averaging_final(adaptation.dual_averaging)
+            if trajectory is not None:
+                trajectory = trajectory._replace(log_length=trajectory.log_length_average)
+            if self.restart_stranded and chains > 1:
+                tensors, restarted = _restart_stranded(tensors, log_density)
+                adaptation = adaptation._replace(restarted=restarted)
+        length = params.trajectory_length
+        if trajectory is not None:  # at most max_steps steps (a shorter one takes one step)
+            high = (step_size * self.max_steps).log()[0]
+            trajectory = trajectory._replace(log_length=trajectory.log_length.clamp(max=high))
+            length = trajectory.log_length.exp().expand(chains).clone()
+        adaptation = adaptation._replace(trajectory=trajectory, proposal=None)
+        new_params = Params(step_size.expand(chains).clone(), metric, length)
+        if on_numpy:
+            new_params = new_params._replace(step_size=new_params.step_size.numpy())
+            if length is not None:
+                new_params = new_params._replace(trajectory_length=length.numpy())
+            state = State(*(x.numpy() for x in tensors))
+        else:
+            state = tensors
+        return Pooled(adaptation, new_params, state, skip_to)
+
+
+def settled(log_density: torch.Tensor, inverse: torch.Tensor, previous: torch.Tensor) -> bool:
+    """Whether warmup has settled at a window's end: the pooled inverse metric ``inverse``
+    is within a factor :data:`EARLY_STOP_METRIC_CHANGE` of the ``previous`` window's in
+    every coordinate (its diagonal when dense; never after the first window, ``previous``
+    empty), and the chains' log densities over the window ``(C, N)`` have a bulk ESS above
+    :data:`EARLY_STOP_ESS` and no trend: the means of the window's two halves differ by
+    less than :data:`EARLY_STOP_TREND` standard errors."""
+    from arviz_stats.base import array_stats
+
+    if previous.numel() == 0:
+        return False
+    new, old = (x.diagonal() if x.dim() == 2 else x for x in (inverse, previous))
+    if not bool((new / old).log().abs().max() < math.log(EARLY_STOP_METRIC_CHANGE)):
+        return False
+    values = log_density.numpy(force=True)
+    half = values.shape[1] // 2
+    if values.shape[0] < 2 or half < 2 or not np.isfinite(values).all():
+        return False
+    ess = array_stats.ess(values, chain_axis=0, draw_axis=1, method="bulk")
+    if not ess > EARLY_STOP_ESS:
+        return False
+    halves = values[:, :half], values[:, half : 2 * half]
+    ess_half = [array_stats.ess(x, chain_axis=0, draw_axis=1, method="mean") for x in halves]
+    errors = [x.std() / math.sqrt(max(e, 1.0)) for x, e in zip(halves, ess_half, strict=True)]
+    difference = abs(halves[1].mean() - halves[0].mean())
+    return bool(difference < EARLY_STOP_TREND * math.hypot(*errors))
+
+
+def _restart_stranded(state: State, log_density: torch.Tensor) -> tuple[State, torch.Tensor]:
+    """``state`` with each stranded chain (:func:`stranded_chains`) replaced by a healthy
+    chain's state (the healthy chains in turn), and the mask of the restarted chains."""
+    stranded = stranded_chains(log_density)
+    healthy = (~stranded).nonzero().flatten()
+    if not stranded.any() or healthy.numel() == 0:
+        return state, torch.zeros_like(stranded)
+    rows = torch.arange(stranded.shape[0], device=stranded.device)
+    sources = torch.where(stranded, healthy[rows % healthy.numel()], rows)
+    return State(*(x.index_select(0, sources) for x in state)), stranded
