@@ -16,6 +16,8 @@ Usage::
     python -m benchmarks.posteriordb --only sblrc-blr arK --draws 500
     python -m benchmarks.posteriordb --report-only        # rewrite the table from results
     python -m benchmarks.posteriordb --only arma11 --init-radius 0.5
+    python -m benchmarks.posteriordb --chains 64 --draws 50 --kernel chees \
+        --results chees.jsonl --markdown chees.md     # pooled warmup, ChEES
 
 ``benchmarks/arma11_stan.py`` runs Stan from the starting points of the arma11 row.
 
@@ -97,8 +99,12 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Sample one posterior and compare it with the reference; a JSON-able record."""
     model = hmc.models.load(name)
     options: dict[str, Any] = dict(
-        chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed, progress=False
+        chains=args.chains, draws=args.draws, seed=args.seed, progress=False
     )
+    if args.warmup is not None:
+        options["warmup"] = args.warmup
+    if args.adapt:
+        options["adapt"] = args.adapt
     if args.kernel:
         options["kernel"] = args.kernel
     if args.metric:
@@ -179,8 +185,9 @@ def settings(records: dict[str, dict[str, Any]]) -> str:
             continue
         s = dict(record["settings"], kernel=record.get("kernel") or "default")
         text = (
-            f"{s['chains']} chains, {s['warmup']} warmup + {s['draws']} draws, seed {s['seed']}, "
-            f"kernel {s['kernel']}, metric {s.get('metric', 'diag (default)')}"
+            f"{s['chains']} chains, {s.get('warmup', 'default')} warmup + {s['draws']} draws, "
+            f"seed {s['seed']}, kernel {s['kernel']}, metric {s.get('metric', 'diag (default)')}"
+            + (f", adapt {s['adapt']}" if "adapt" in s else "")
         )
         if text not in distinct:
             distinct.append(text)
@@ -273,7 +280,10 @@ def read_results(path: Path) -> dict[str, dict[str, Any]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chains", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="default: hmc.sample's (by adaptation)"
+    )
+    parser.add_argument("--adapt", default=None, help="default: hmc.sample's default")
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kernel", default=None, help="default: hmc.sample's default")

@@ -32,6 +32,7 @@ from hmc.adapt.ensemble import (
 )
 from hmc.kernels.chees import halton
 from hmc.random import chain_keys
+from hmc.state import Proposal
 from hmc.step_size_search import find_reasonable_step_size
 
 DTYPE = torch.float64
@@ -141,6 +142,19 @@ def test_chees_gradient_vanishes_at_the_criterions_optimum():
         means[length] = (mean, error)
     assert means[1.5][0] > 3 * means[1.5][1], means
     assert means[3.0][0] < -3 * means[3.0][1], means
+
+
+def test_chees_gradient_does_not_depend_on_the_scale_of_the_positions():
+    """Scaled by the chains' spread, the gradient stays of order one while warmup shrinks
+    the chains from their starts towards the bulk (Adam's running scale would lag)."""
+    generator = torch.Generator().manual_seed(5)
+    start, end, velocity = torch.randn(3, 16, 4, dtype=DTYPE, generator=generator)
+    time = torch.rand(16, dtype=DTYPE, generator=generator)
+    accept = torch.rand(16, dtype=DTYPE, generator=generator)
+    gradient = chees_gradient(Proposal(start, end, velocity, time), accept)
+    scaled = chees_gradient(Proposal(100 * start, 100 * end, 100 * velocity, time), accept)
+    torch.testing.assert_close(scaled, gradient)
+    assert gradient != 0
 
 
 def test_adam_ignores_an_outlier_gradient():

@@ -172,7 +172,9 @@ def chees_gradient(proposal: Proposal, accept: torch.Tensor) -> torch.Tensor:
     Chain ``c`` ran for the time ``t_c = h T``, so ``d/dlog T = t_c d/dt``, and
     ``d/dt |x'(t) - mean'|^2 = 2 (x' - mean') . v'``: its term is
     ``t_c (|x' - mean'|^2 - |x - mean|^2) (x' - mean') . v'`` (the constant factor is
-    immaterial to Adam), weighted by the acceptance probabilities. Chains with a
+    immaterial to Adam), weighted by the acceptance probabilities, divided by the square of
+    the chains' mean ``|x - mean|^2``: the criterion's scale falls by orders of magnitude
+    while the chains converge, and Adam's running scale would lag behind it. Chains with a
     non-finite trajectory weigh nothing."""
     finite = torch.isfinite(proposal.end).all(1) & torch.isfinite(proposal.velocity).all(1)
     weight = torch.where(finite, torch.nan_to_num(accept, nan=0.0), 0.0)
@@ -186,7 +188,8 @@ def chees_gradient(proposal: Proposal, accept: torch.Tensor) -> torch.Tensor:
     change = (end_centred**2).sum(1) - (start_centred**2).sum(1)
     per_chain = proposal.time * change * (end_centred * velocity).sum(1)
     per_chain = torch.where((weight > 0) & torch.isfinite(per_chain), per_chain, 0.0)
-    return (weight * per_chain).sum() / total
+    spread = (start_centred**2).sum(1).mean() ** 2  # the criterion's scale, |x|^4
+    return (weight * per_chain).sum() / total / spread.clamp(min=torch.finfo(spread.dtype).tiny)
 
 
 def adam_ascent(state: TrajectoryState, gradient: torch.Tensor) -> TrajectoryState:
