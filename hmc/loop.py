@@ -165,7 +165,7 @@ def run_chains(
                     if counts.warming < was_warming:  # some chains left their warmup
                         leaving = step.done & (iteration == warmup - 1)
                         params = adapter.final(adaptation, params, leaving)
-                if run.checkpoint is not None or lockstep:
+                if run.checkpoint is not None or (lockstep and was_warming):
                     latest = where_rows(step.done, step.state, latest)
                 iteration = iteration + step.done
                 phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
@@ -183,9 +183,10 @@ def run_chains(
             if counts.least != stop:
                 continue
             # every chain is at the stop
-            restart = stop
+            restart, moved = stop, False
             if stop in pooled_stops:
                 pooled = adapter.pool(adaptation, params, latest, stop - 1, run.keys)
+                moved = pooled.state is not latest  # chains restarted from others
                 adaptation, params, latest = pooled.adaptation, pooled.params, pooled.state
                 if pooled.skip_to is not None:
                     skipped, restart = (stop, pooled.skip_to), pooled.skip_to
@@ -212,7 +213,8 @@ def run_chains(
                 )
             if stop == total:
                 break
-            kernel_state = kernel.init(latest, restart)
+            if stop in saves or moved or restart != stop or kernel.spans_calls:
+                kernel_state = kernel.init(latest, restart)  # else it goes on as it is
             stop = stops.pop(0)
             phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the draws so far are kept

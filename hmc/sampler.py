@@ -29,7 +29,6 @@ from hmc.checkpoint import Snapshot, read_checkpoint, write_checkpoint
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
 from hmc.interrupts import kept_draws, terminate_as_interrupt
 from hmc.kernels.base import Kernel
-from hmc.kernels.hmc import HMC
 from hmc.loop import Run, run_chains
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential
@@ -377,7 +376,7 @@ def _adapter(settings: Any, potential: Potential) -> StanWarmup | EnsembleWarmup
         kernel = settings.kernel
         return EnsembleWarmup(
             schedule=ensemble_schedule(settings.warmup, device=settings.device),
-            trajectory=kernel.reports_proposal if isinstance(kernel, HMC) else False,
+            trajectory=getattr(kernel, "reports_proposal", False),
             max_steps=getattr(kernel, "max_steps", 1024),
             **common,
         )

@@ -236,7 +236,8 @@ class EnsembleState(NamedTuple):
     accept : ``(C,)`` each chain's acceptance statistic of its current iteration.
     position, gradient : pooled moments of the current window.
     log_density : ``(C, S)`` the chains' log densities since the last window end (or the
-        start), for the early stop and the stranded chains.
+        start), at most the schedule's longest stretch between two metric updates
+        (:func:`_segment_length`), for the early stop and the stranded chains.
     search_counter : ``(C,)`` the counters of the step-size search's random streams.
     trajectory : ChEES's trajectory length (None for other kernels).
     proposal : the chains' last trajectories (ChEES; None otherwise).
@@ -259,8 +260,9 @@ class EnsembleState(NamedTuple):
 
 class Pooled(NamedTuple):
     """What :meth:`EnsembleWarmup.pool` returns: the adaptation state, the chains'
-    parameters and states, and the warmup iteration every chain goes on with when the
-    later windows are skipped (None otherwise)."""
+    parameters and states (the very object it was given unless chains restarted), and
+    the warmup iteration every chain goes on with when the later windows are skipped
+    (None otherwise)."""
 
     adaptation: EnsembleState
     params: Params
@@ -385,13 +387,17 @@ class EnsembleWarmup:
             adaptation.dual_averaging, pooled_accept.reshape(1), target=self.target_accept
         )
         step_size = da.log_step_size.exp()
-        log_density = torch.cat((adaptation.log_density, -tensors.potential[:, None]), 1)
+        earlier = adaptation.log_density
+        keep = min(earlier.shape[1], _segment_length(schedule) - 1)  # the last ones
+        log_density = torch.cat(
+            (earlier[:, earlier.shape[1] - keep :], -tensors.potential[:, None]), 1
+        )
         adaptation = adaptation._replace(dual_averaging=da, log_density=log_density)
         trajectory = adaptation.trajectory
         if trajectory is not None and adaptation.proposal is not None:
             gradient = chees_gradient(adaptation.proposal, accept)
             trajectory = adam_ascent(trajectory, gradient)
-        metric, skip_to = params.metric, None
+        metric, skip_to, changed = params.metric, None, False
         windows = schedule.windows if self.adapt_metric else []
         in_window = any(first <= iteration <= last for first, last in windows)
         if in_window:
@@ -428,7 +434,9 @@ class EnsembleWarmup:
             if trajectory is not None:
                 trajectory = trajectory._replace(log_length=trajectory.log_length_average)
             if self.restart_stranded and chains > 1:
-                tensors, restarted = _restart_stranded(tensors, log_density)
+                restarted_state, restarted = _restart_stranded(tensors, log_density)
+                changed = restarted_state is not tensors
+                tensors = restarted_state
                 adaptation = adaptation._replace(restarted=restarted)
         length = params.trajectory_length
         if trajectory is not None:  # at most max_steps steps (a shorter one takes one step)
@@ -441,9 +449,8 @@ class EnsembleWarmup:
             new_params = new_params._replace(step_size=new_params.step_size.numpy())
             if length is not None:
                 new_params = new_params._replace(trajectory_length=length.numpy())
-            state = State(*(x.numpy() for x in tensors))
-        else:
-            state = tensors
+        if changed:
+            state = State(*(x.numpy() for x in tensors)) if on_numpy else tensors
         return Pooled(adaptation, new_params, state, skip_to)
 
 
@@ -473,6 +480,15 @@ def settled(log_density: torch.Tensor, inverse: torch.Tensor, previous: torch.Te
     errors = [x.std() / math.sqrt(max(e, 1.0)) for x, e in zip(halves, ess_half, strict=True)]
     difference = abs(halves[1].mean() - halves[0].mean())
     return bool(difference < EARLY_STOP_TREND * math.hypot(*errors))
+
+
+def _segment_length(schedule: WarmupSchedule) -> int:
+    """The most iterations of log densities the pooled warmup keeps: the longest slow
+    window or terminal buffer (20 % of the warmup when no metric is adapted)."""
+    if not schedule.windows:
+        return max(1, math.ceil(0.2 * schedule.num_warmup))
+    terminal = schedule.num_warmup - 1 - schedule.windows[-1][1]
+    return max(terminal, *(last - first + 1 for first, last in schedule.windows))
 
 
 def _restart_stranded(state: State, log_density: torch.Tensor) -> tuple[State, torch.Tensor]:

@@ -75,6 +75,9 @@ class Kernel(Protocol):
 
     #: names of the per-transition statistics the kernel reports (ArviZ names)
     stat_names: tuple[str, ...]
+    #: whether a transition can outlast a call (NUTS): the driver then starts the kernel
+    #: afresh (``init``) whenever the chains' transitions left change at a stop
+    spans_calls: bool
 
     def init(self, state: State, first_transition: int = 0) -> NamedTuple:
         """Kernel state for chains at ``state`` (its arrays pick the engine), each to begin

@@ -118,6 +118,7 @@ class HMC:
     max_energy_error: float = 1000.0
 
     stat_names = HMCInfo._fields
+    spans_calls = False  # every call completes a transition of every chain
     #: whether each call's :class:`~hmc.kernels.base.Step` carries the trajectories
     #: (their start, end and final velocity), which an adaptation across chains may need
     reports_proposal = False

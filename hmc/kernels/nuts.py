@@ -197,6 +197,7 @@ class NUTS:
     max_energy_error: float = 1000.0
 
     stat_names = NUTSInfo._fields
+    spans_calls = True
 
     def __post_init__(self) -> None:
         depths = self._depths()
