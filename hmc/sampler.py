@@ -97,15 +97,17 @@ def sample(
         The dimension D, required for a plain callable without ``init``.
     chains, warmup, draws : int
         Number of chains; warmup (adaptation) and kept iterations per chain. Warmup
-        defaults to 1000 with ``adapt="stan"`` and 200 with ``adapt="ensemble"``.
+        defaults to 1000; with ``adapt="ensemble"`` it is the most that runs (the pooled
+        warmup stops early once the chains settle, with 64 chains typically after
+        120-200 iterations).
     kernel : "nuts", "hmc", "chees", or a kernel instance (:class:`hmc.NUTS`,
         :class:`hmc.HMC`, :class:`hmc.ChEES`)
     metric : "diag" (default), "dense" or "identity" (not adapted)
     adapt : "stan" or "ensemble", optional
         The warmup: ``"stan"`` (the default, except for ChEES) adapts each chain on its
         own with Stan's windows; ``"ensemble"`` pools all chains into one step size and
-        one metric (the "Fisher" diagonal from draws and gradients) in a short schedule
-        that may stop early, and restarts chains stranded far from the others
+        one metric (the "Fisher" diagonal from draws and gradients) in short windows,
+        stops once the chains settle, and restarts chains stranded far from the others
         (:mod:`hmc.adapt.ensemble`). Pooling pays with many chains.
     target_accept : float, optional
         Dual averaging's target acceptance statistic (Stan's delta, 0.8; for ChEES the

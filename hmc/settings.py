@@ -44,7 +44,7 @@ METRICS = ("identity", "diag", "dense")
 #: (:mod:`hmc.adapt.ensemble`)
 ADAPTATIONS = ("stan", "ensemble")
 #: default warmup iterations per adaptation
-DEFAULT_WARMUP = {"stan": 1000, "ensemble": 200}
+DEFAULT_WARMUP = {"stan": 1000, "ensemble": 1000}
 #: ChEES's default target for the harmonic mean of the acceptance probabilities (the
 #: optimum for HMC on Gaussians, Beskos et al. 2013); NUTS and HMC target 0.8 (Stan)
 CHEES_TARGET_ACCEPT = 0.651

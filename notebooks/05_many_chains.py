@@ -214,8 +214,9 @@ fig.tight_layout()
 # 1,000 warmup iterations one after another, whatever the number of chains. With many
 # chains, warmup can pool what the chains see: `adapt="ensemble"` updates one step size
 # from the chains' mean acceptance and one diagonal metric from all their draws and
-# gradients, in a short schedule (200 iterations, cut to 120 when the metric and the log
-# density settle). Each chain then needs only a few draws.
+# gradients, in short windows, and stops once the metric and the log density settle
+# (the printout below says after how many iterations; on posteriors where random starts
+# lie far out, it takes a few more windows). Each chain then needs only a few draws.
 #
 # `kernel="chees"` goes further: static HMC whose trajectory length is learnt across
 # chains (the ChEES criterion), jittered by a Halton sequence, so every chain takes the

@@ -48,7 +48,10 @@ def run(log_prob, dim, **kw):
 def test_schedule_is_short_windows_and_a_terminal_buffer():
     schedule = ensemble_schedule(200)
     assert schedule.windows == [(20, 39), (40, 79), (80, 159)]
-    assert ensemble_schedule(1000).windows == [(100, 199), (200, 399), (400, 799)]
+    longer = ensemble_schedule(1000).windows  # the same start, more windows of 160
+    assert longer[:3] == schedule.windows
+    assert longer[3:] == [(160, 319), (320, 479), (480, 639), (640, 799), (800, 959)]
+    assert ensemble_schedule(100).windows == [(10, 19), (20, 39), (40, 79)]
     assert ensemble_schedule(10).windows == []  # too short: step size only
 
 
@@ -251,8 +254,12 @@ def test_many_chains_stop_warmup_early_and_record_what_ran():
 
 
 def test_few_chains_run_the_whole_schedule():
-    dt = run(diagonal_gaussian_log_prob(np.zeros(2), np.ones(2)), 2, chains=2, draws=20, seed=8)
+    """Two chains cannot reach the early stop's ESS over a window: they run every
+    iteration asked for (by default as many as Stan's warmup)."""
+    target = diagonal_gaussian_log_prob(np.zeros(2), np.ones(2))
+    dt = run(target, 2, chains=2, draws=20, seed=8, warmup=200)
     assert dt.attrs["tuning_steps"] == 200
+    assert run(target, 2, chains=2, draws=20, seed=8).attrs["tuning_steps"] == 1000
 
 
 def test_a_stranded_chain_restarts_from_a_healthy_one():
@@ -274,6 +281,30 @@ def test_a_stranded_chain_restarts_from_a_healthy_one():
     assert abs(x[0, :, 0].mean()) < 1.5  # at the mode now
 
 
+def test_a_stuck_chain_spoils_neither_metric_nor_step_size():
+    """Chain 0 starts on a wall (log density -1e12, gradient 2e10) where the shared step
+    size cannot move it. Pooled, its gradients would shrink the Fisher metric by orders of
+    magnitude and its zero acceptance the step size: it is left out of both while it is
+    stranded, and restarts from a healthy chain at the first window's end, in time to part
+    from it before sampling."""
+    sd = torch.tensor([0.5, 2.0], dtype=DTYPE)
+
+    def log_prob(q):
+        wall = torch.relu(q[:, 0] - 50.0)
+        return -0.5 * ((q / sd) ** 2).sum(-1) - 1e8 * wall**2
+
+    init = torch.zeros(32, 2, dtype=DTYPE)
+    init[0, 0] = 150.0
+    with pytest.warns(RuntimeWarning, match=r"chains \[0\] stayed far below"):
+        dt = run(log_prob, 2, chains=32, draws=50, seed=3, kernel="hmc", init=init, warmup=200)
+    assert list(dt.attrs["restarted_chains"]) == [0]
+    inverse = dt["adaptation"]["inverse_metric"].values[0]
+    np.testing.assert_allclose(inverse, (sd**2).numpy(), rtol=0.25)
+    x = dt["posterior"]["x"].values
+    assert (x[0] != x[1:, None]).all(-1).all(-1).all()  # parted from its source
+    assert_moments(x, np.zeros(2), (sd**2).numpy())
+
+
 # --------------------------------------------------------------------------- arguments
 def test_adapt_is_checked():
     log_prob = lambda q: -0.5 * (q**2).sum(-1)  # noqa: E731
@@ -292,7 +323,7 @@ def test_default_warmup_depends_on_the_adaptation():
     dt = hmc.sample(
         log_prob, dim=1, chains=2, draws=5, kernel="chees", batched=True, progress=False, seed=1
     )
-    assert dt.attrs["tuning_steps"] == 200 and dt.attrs["adapt"] == "ensemble"
+    assert dt.attrs["tuning_steps"] == 1000 and dt.attrs["adapt"] == "ensemble"
 
 
 @pytest.mark.slow

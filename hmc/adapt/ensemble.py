@@ -5,34 +5,46 @@ finish iteration ``t`` before any begins ``t + 1``) and share one step size, one
 and, for :class:`hmc.ChEES`, one trajectory length. After each warmup iteration
 (:meth:`EnsembleWarmup.pool`):
 
-1. one dual-averaging update on the chains' mean acceptance statistic (for ChEES, as in
-   its paper, the harmonic mean of the chains that did not diverge, here times their
-   share, so that divergences shrink the step size); one update per chain would inflate
-   the gain about ``sqrt(C)`` and make the step size oscillate;
-2. inside a slow window, every chain's position and gradient join pooled moments; at the
+1. chains stranded far below the others' log density at this iteration
+   (:func:`stranded_chains`: a start where the shared step size cannot move them) are
+   left out of what follows until they join: their zero acceptance would drag the step
+   size down, and their gradients, orders of magnitude larger than the others', would
+   shrink the metric;
+2. one dual-averaging update on the other chains' mean acceptance statistic (for ChEES,
+   as in its paper, the harmonic mean of the chains that did not diverge, here times
+   their share, so that divergences shrink the step size); one update per chain would
+   inflate the gain about ``sqrt(C)`` and make the step size oscillate;
+3. inside a slow window, their positions and gradients join pooled moments; at the
    window's end the inverse metric becomes the "Fisher" diagonal
    ``sqrt(Var x / Var grad log p)`` (exact for a Gaussian, whose gradient variance is the
    inverse of its variance), or the pooled covariance for ``metric="dense"``, regularised
    as Stan regularises (``n / (n + 5) * S + 1e-3 * 5 / (n + 5)``, ``n`` the pooled count);
-   Stan's step-size heuristic then runs on every chain and dual averaging restarts at the
+   chains whose log density stayed far below the others' over the window restart from
+   healthy chains' states (so that they part from them before any draw is kept); Stan's
+   step-size heuristic then runs on every chain and dual averaging restarts at the
    geometric mean of their step sizes;
-3. at a window's end, when warmup has settled (:func:`settled`: the new metric within
-   :data:`EARLY_STOP_METRIC_CHANGE` of the previous window's in every coordinate, and the
-   log density without a trend across the window, its bulk ESS above
-   :data:`EARLY_STOP_ESS`), the later windows are skipped: warmup goes on with its
-   terminal buffer, which only tunes the step size. R-hat over a window is no test here:
-   over a few dozen autocorrelated draws per chain it stays well above 1 on chains that
-   have converged (1.06-1.08 with 256 chains on a Gaussian);
-4. for ChEES, the trajectory length takes one Adam step (``beta1 = 0``, ``beta2 = 0.95``,
+4. at a window's end, when warmup has settled (:func:`settled`, over the chains not
+   stranded: the new metric within :data:`EARLY_STOP_METRIC_CHANGE` of the previous
+   window's in every coordinate, and the log density without a trend across the window,
+   its bulk ESS above :data:`EARLY_STOP_ESS`), the later windows are skipped: warmup goes
+   on with its terminal buffer, which only tunes the step size. R-hat over a window is no
+   test here: over a few dozen autocorrelated draws per chain it stays well above 1 on
+   chains that have converged (1.06-1.08 with 256 chains on a Gaussian);
+5. for ChEES, the trajectory length takes one Adam step (``beta1 = 0``, ``beta2 = 0.95``,
    steps clipped to ``+-0.35`` in ``log T``) up the ChEES criterion's gradient, estimated
-   from every chain's trajectory and weighted by its acceptance probability;
-5. after the last warmup iteration the step size becomes ``exp(x_bar)`` and ``T`` the
-   average of its log iterates; a chain whose log density over the terminal buffer stays
-   far below the others' (:func:`stranded_chains`) restarts from a healthy chain's state.
+   from every chain's trajectory and weighted by its acceptance probability; at a
+   window's end it is at least one step of the new step size;
+6. after the last warmup iteration the step size becomes ``exp(x_bar)``, ``T`` the
+   average of its log iterates, and chains stranded over the terminal buffer restart
+   from healthy ones.
 
-The schedule (:func:`ensemble_schedule`) is Stan's windowed one with shorter buffers: 10 %
-of the warmup for the first fast buffer and the first window, 20 % for the terminal one
-(200 iterations: windows 20-39, 40-79, 80-159, terminal buffer 160-199).
+The schedule (:func:`ensemble_schedule`) is Stan's windowed one with short buffers and
+windows: 20 iterations of fast buffer, windows of 20, 40, 80, then 160 each, and a
+terminal buffer of 40 (fewer for a warmup under 200). Where the chains settle early,
+the run is short (64 chains on Gaussians, eight schools and a logistic regression:
+120-200 iterations); where they do not (chains far from the posterior after random
+starts), warmup goes on, window after window, up to the iterations asked for (by
+default 1000, as in Stan).
 """
 
 from __future__ import annotations
@@ -44,7 +56,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hmc.adapt.schedule import WarmupSchedule, build_schedule
+from hmc.adapt.schedule import WarmupSchedule, schedule_from_windows
 from hmc.adapt.step_size import (
     DualAveragingState,
     dual_averaging_final,
@@ -89,16 +101,37 @@ OUTLIER_RMS = 5.0
 TRAJECTORY_DECAY = 0.5
 
 
+#: the ensemble schedule's first fast buffer and first window, and its terminal buffer, at
+#: most: 200 iterations' schedule is 20 + windows of 20, 40, 80 + 40
+FIRST_WINDOW, TERMINAL_BUFFER = 20, 40
+#: the longest window: its draws from all chains make plenty for a metric, and a longer
+#: warmup is for chains that have not settled, to be tested every so many iterations
+LONGEST_WINDOW = 160
+
+
 def ensemble_schedule(num_warmup: int, device: torch.device | str = "cpu") -> WarmupSchedule:
-    """The ensemble warmup's windows for ``num_warmup`` iterations (see the module)."""
-    tenth = max(1, math.ceil(0.1 * num_warmup))
-    return build_schedule(
-        num_warmup,
-        init_buffer=tenth,
-        term_buffer=max(1, math.ceil(0.2 * num_warmup)),
-        base_window=tenth,
-        device=device,
-    )
+    """The ensemble warmup's windows for ``num_warmup`` iterations (see the module): a
+    first fast buffer and first window of 10 % of the warmup and a terminal buffer of
+    20 %, at most :data:`FIRST_WINDOW` and :data:`TERMINAL_BUFFER`; then windows that
+    double up to :data:`LONGEST_WINDOW`, the last stretched to the terminal buffer when
+    the next would overrun it (as Stan stretches its last). Under 20 iterations, no
+    windows. A longer warmup only adds windows, for chains that have not settled by the
+    early stop's test: 200 iterations give windows 20-39, 40-79, 80-159; 1000 go on with
+    160-319, 320-479, ..., 800-959."""
+    if num_warmup < 20:
+        return schedule_from_windows(num_warmup, [], device)
+    first = min(FIRST_WINDOW, math.ceil(0.1 * num_warmup))
+    last = num_warmup - min(TERMINAL_BUFFER, math.ceil(0.2 * num_warmup)) - 1
+    windows: list[tuple[int, int]] = []
+    start, size = first, first
+    while start <= last:
+        following = min(2 * size, LONGEST_WINDOW)
+        end = start + size - 1
+        if end + following > last:
+            end = last
+        windows.append((start, end))
+        start, size = end + 1, following
+    return schedule_from_windows(num_warmup, windows, device)
 
 
 class PooledMoments(NamedTuple):
@@ -215,8 +248,10 @@ def adam_ascent(state: TrajectoryState, gradient: torch.Tensor) -> TrajectorySta
 def stranded_chains(log_density: torch.Tensor) -> torch.Tensor:
     """``(C,)`` the chains whose log densities over the last iterations ``(C, N)`` stay far
     below the others': their mean is below the median of the chains' means by more than
-    :data:`STRANDED_SPREADS` times the median within-chain standard deviation and more
-    than :data:`STRANDED_NATS` nats."""
+    :data:`STRANDED_NATS` nats and more than :data:`STRANDED_SPREADS` times the typical
+    spread, the larger of the median within-chain standard deviation and the chains'
+    means' robust standard deviation (1.4826 times their median absolute deviation; with
+    ``N = 1``, the spread of the log density across chains at one iteration)."""
     finite = torch.where(torch.isfinite(log_density), log_density, -torch.inf)
     mean = finite.mean(1)
     spread = finite.std(1) if finite.shape[1] > 1 else torch.zeros_like(mean)
@@ -224,8 +259,9 @@ def stranded_chains(log_density: torch.Tensor) -> torch.Tensor:
     if not usable.any():
         return torch.zeros_like(usable)
     median = mean[usable].median()
-    typical = torch.nan_to_num(spread[usable]).median()
-    gap = torch.clamp(STRANDED_SPREADS * typical, min=STRANDED_NATS)
+    within = torch.nan_to_num(spread[usable]).median()
+    across = 1.4826 * (mean[usable] - median).abs().median()
+    gap = torch.clamp(STRANDED_SPREADS * torch.maximum(within, across), min=STRANDED_NATS)
     return ~(mean >= median - gap)
 
 
@@ -371,18 +407,24 @@ class EnsembleWarmup:
         tensors; the returned state is of the same kind)."""
         on_numpy = isinstance(state.position, np.ndarray)
         tensors, adaptation = as_tensors(state), as_tensors(adaptation)
-        chains = tensors.position.shape[0]
         schedule = self.schedule
+        # chains stranded far below the others now (a start where the shared step size
+        # cannot move them) would drag the step size down and, with gradients many orders
+        # larger than the others', shrink the metric: they are left out until they join
+        chains = tensors.position.shape[0]
+        healthy = ~stranded_chains(-tensors.potential[:, None])
+        healthy_count = healthy.sum().clamp(min=1)
         accept = torch.nan_to_num(adaptation.accept, nan=0.0).clamp(0.0, 1.0)
+        accept = torch.where(healthy, accept, 0.0)
         if self.trajectory:  # ChEES: the harmonic mean of the chains that may move, times
             # their share (a divergence, acceptance 0, pulls the step size down but does
             # not wipe out the mean)
             moved = accept > 0
             count = moved.sum()
             harmonic = count / torch.where(moved, 1.0 / accept.clamp(min=1e-300), 0.0).sum()
-            pooled_accept = torch.where(count > 0, harmonic * count / chains, 0.0)
+            pooled_accept = torch.where(count > 0, harmonic * count / healthy_count, 0.0)
         else:
-            pooled_accept = accept.mean()
+            pooled_accept = accept.sum() / healthy_count
         da = dual_averaging_update(
             adaptation.dual_averaging, pooled_accept.reshape(1), target=self.target_accept
         )
@@ -402,10 +444,19 @@ class EnsembleWarmup:
         in_window = any(first <= iteration <= last for first, last in windows)
         if in_window:
             adaptation = adaptation._replace(
-                position=moments_add(adaptation.position, tensors.position),
-                gradient=moments_add(adaptation.gradient, -tensors.grad),
+                position=moments_add(adaptation.position, tensors.position[healthy]),
+                gradient=moments_add(adaptation.gradient, -tensors.grad[healthy]),
             )
-        if in_window and schedule.ends_window(iteration):
+        ends_window = in_window and schedule.ends_window(iteration)
+        final = iteration == schedule.num_warmup - 1
+        if self.restart_stranded and chains > 1 and (ends_window or final):
+            # at a window's end, so that a restarted chain has the later iterations to part
+            # from the one it restarted from before any draw is kept
+            restarted_state, restarted = _restart_stranded(tensors, log_density)
+            if restarted_state is not tensors:
+                changed, tensors = True, restarted_state
+                adaptation = adaptation._replace(restarted=adaptation.restarted | restarted)
+        if ends_window:
             inverse = pooled_inverse_metric(adaptation.position, adaptation.gradient)
             metric = metric_from_inverse(inverse[None].expand(chains, *inverse.shape).clone())
             searched, counter = self.search(
@@ -419,7 +470,8 @@ class EnsembleWarmup:
             da = dual_averaging_init(common)
             step_size = common
             last = iteration == windows[-1][1]
-            if self.early_stop and not last and settled(log_density, inverse, adaptation.inverse):
+            joined = log_density[~stranded_chains(log_density)]  # stranded ones restart
+            if self.early_stop and not last and settled(joined, inverse, adaptation.inverse):
                 skip_to = windows[-1][1] + 1
             adaptation = adaptation._replace(
                 dual_averaging=da,
@@ -429,19 +481,23 @@ class EnsembleWarmup:
                 search_counter=counter,
                 inverse=inverse,
             )
-        if iteration == schedule.num_warmup - 1:
+        if final:
             step_size = dual_averaging_final(adaptation.dual_averaging)
             if trajectory is not None:
                 trajectory = trajectory._replace(log_length=trajectory.log_length_average)
-            if self.restart_stranded and chains > 1:
-                restarted_state, restarted = _restart_stranded(tensors, log_density)
-                changed = restarted_state is not tensors
-                tensors = restarted_state
-                adaptation = adaptation._replace(restarted=restarted)
         length = params.trajectory_length
-        if trajectory is not None:  # at most max_steps steps (a shorter one takes one step)
-            high = (step_size * self.max_steps).log()[0]
-            trajectory = trajectory._replace(log_length=trajectory.log_length.clamp(max=high))
+        if trajectory is not None:  # at most max_steps steps; and at a window's end (a
+            # new metric and step size) and at the last iteration at least one step: one
+            # learnt under the first metric's step size would otherwise stay below one
+            # step long after the step size grew (dual averaging's exploring iterates are
+            # no floor: its first ones are ten times too large)
+            log_step = step_size.log()[0]
+            low = log_step if ends_window or final else -torch.inf
+            high = log_step + math.log(self.max_steps)
+            trajectory = trajectory._replace(
+                log_length=trajectory.log_length.clamp(low, high),
+                log_length_average=trajectory.log_length_average.clamp(low, high),
+            )
             length = trajectory.log_length.exp().expand(chains).clone()
         adaptation = adaptation._replace(trajectory=trajectory, proposal=None)
         new_params = Params(step_size.expand(chains).clone(), metric, length)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["WarmupSchedule", "build_schedule"]
+__all__ = ["WarmupSchedule", "build_schedule", "schedule_from_windows"]
 
 
 class WarmupSchedule(NamedTuple):
@@ -49,10 +49,8 @@ def build_schedule(
 ) -> WarmupSchedule:
     """Stan's schedule for ``num_warmup`` iterations (see the module docstring), its
     masks on ``device`` (made once: a copy from the host per use would wait for it)."""
-    in_window = torch.zeros(num_warmup, dtype=torch.bool)
-    window_end = torch.zeros(num_warmup, dtype=torch.bool)
     if num_warmup < 20:
-        return WarmupSchedule(num_warmup, [], in_window.to(device), window_end.to(device))
+        return schedule_from_windows(num_warmup, [], device)
     if init_buffer + base_window + term_buffer > num_warmup:
         init_buffer = int(0.15 * num_warmup)
         term_buffer = int(0.10 * num_warmup)
@@ -69,7 +67,16 @@ def build_schedule(
         start, end = end + 1, end + size
         if end != last and end + 2 * size >= num_warmup - term_buffer:
             end = last
-    in_window[init_buffer : last + 1] = True
-    for _, stop in windows:
+    return schedule_from_windows(num_warmup, windows, device)
+
+
+def schedule_from_windows(
+    num_warmup: int, windows: list[tuple[int, int]], device: torch.device | str = "cpu"
+) -> WarmupSchedule:
+    """The schedule of ``num_warmup`` iterations with the given consecutive ``windows``."""
+    in_window = torch.zeros(num_warmup, dtype=torch.bool)
+    window_end = torch.zeros(num_warmup, dtype=torch.bool)
+    for start, stop in windows:
+        in_window[start : stop + 1] = True
         window_end[stop] = True
     return WarmupSchedule(num_warmup, windows, in_window.to(device), window_end.to(device))
