@@ -11,8 +11,11 @@ wait changes no draw). A checkpoint holds, as plain tensors, numbers and strings
 - the iteration every chain has completed, and each chain's position, potential and
   gradient there (the random streams are positioned by that iteration: nothing else of
   them needs saving);
-- the step sizes and inverse metrics, and the whole adaptation state (dual averaging,
-  the running (co)variance estimates, the step-size search's counters);
+- the step sizes, inverse metrics and ChEES's trajectory lengths, and the whole
+  adaptation state, Stan's per-chain warmup or the pooled one (dual averaging, the running
+  (co)variance estimates or pooled moments, the step-size search's counters, the pooled
+  warmup's recent log densities, trajectory-length optimiser and restarted chains), with
+  the warmup iterations its early stop skipped;
 - the draws and statistics recorded so far, the divergences counted, the gradient
   evaluations and the time spent.
 
@@ -34,11 +37,13 @@ differ from a run without checkpoints in the last bits, and then further.)
 from __future__ import annotations
 
 import os
+import typing
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from hmc.adapt.ensemble import EnsembleState
 from hmc.adapt.step_size import DualAveragingState
 from hmc.adapt.warmup import WarmupState
 from hmc.adapt.welford import WelfordState
@@ -47,8 +52,12 @@ from hmc.state import State
 
 __all__ = ["FORMAT", "Snapshot", "read_checkpoint", "write_checkpoint"]
 
-#: the mark of a checkpoint file, and its layout's version
-FORMAT = ("hmc-checkpoint", 1)
+#: the mark of a checkpoint file, and its layout's version (version 1, written before the
+#: pooled warmup could be saved, held Stan's warmup state as lists; it is still read)
+FORMAT = ("hmc-checkpoint", 2)
+READABLE = (("hmc-checkpoint", 1), FORMAT)
+#: the adaptation states a checkpoint can hold, by name
+ADAPTATIONS = {cls.__name__: cls for cls in (WarmupState, EnsembleState)}
 
 
 class Snapshot(NamedTuple):
@@ -61,6 +70,9 @@ class Snapshot(NamedTuple):
     positions, stats : the recorder's buffers; divergences : counted so far.
     warmup_seconds : the time until every chain left warmup (None before); useful, slots :
         the utilization sums; seconds : the loop's time so far.
+    trajectory_length : ChEES's ``(C,)``, or None.
+    skipped : the warmup iterations ``[a, b)`` the pooled warmup's early stop skipped, or
+        None.
     """
 
     iteration: int
@@ -75,6 +87,8 @@ class Snapshot(NamedTuple):
     useful: float
     slots: float
     seconds: float
+    trajectory_length: Any = None
+    skipped: tuple[int, int] | None = None
 
 
 def write_checkpoint(path: str | os.PathLike, snapshot: Snapshot, extra: dict[str, Any]) -> None:
@@ -91,11 +105,11 @@ def write_checkpoint(path: str | os.PathLike, snapshot: Snapshot, extra: dict[st
         "inverse_metric": tensor(snapshot.inverse_metric),
         "adaptation": None
         if adaptation is None
-        else {
-            "dual_averaging": [tensor(x) for x in adaptation.dual_averaging],
-            "welford": [tensor(x) for x in adaptation.welford],
-            "search_counter": tensor(adaptation.search_counter),
-        },
+        else {"kind": type(adaptation).__name__, "fields": _plain(adaptation)},
+        "trajectory_length": None
+        if snapshot.trajectory_length is None
+        else tensor(snapshot.trajectory_length),
+        "skipped": None if snapshot.skipped is None else list(snapshot.skipped),
         "positions": tensor(snapshot.positions),
         "stats": {name: tensor(x) for name, x in snapshot.stats.items()},
         "divergences": int(snapshot.divergences),
@@ -120,17 +134,50 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             f"{str(error).splitlines()[0][:200]}); it is truncated, corrupted or not an hmc "
             "checkpoint"
         ) from None
-    if not isinstance(payload, dict) or tuple(payload.get("format", ())) != FORMAT:
+    if not isinstance(payload, dict) or tuple(payload.get("format", ())) not in READABLE:
         raise ValueError(f"{str(path)!r} is not an hmc checkpoint (format {FORMAT})")
     payload["state"] = State(*payload["state"])
     adaptation = payload["adaptation"]
-    if adaptation is not None:
+    if adaptation is not None and "kind" in adaptation:
+        payload["adaptation"] = _record(ADAPTATIONS[adaptation["kind"]], adaptation["fields"])
+    elif adaptation is not None:  # version 1
         payload["adaptation"] = WarmupState(
             DualAveragingState(*adaptation["dual_averaging"]),
             WelfordState(*adaptation["welford"]),
             adaptation["search_counter"],
         )
+    skipped = payload.get("skipped")
+    payload["skipped"] = None if skipped is None else tuple(skipped)
+    payload.setdefault("trajectory_length", None)
     return payload
+
+
+def _plain(record: Any) -> Any:
+    """A record (nested NamedTuples of arrays, or None) as nested dicts of CPU tensors."""
+    if record is None:
+        return None
+    if isinstance(record, tuple) and hasattr(record, "_fields"):
+        return {name: _plain(value) for name, value in zip(record._fields, record, strict=True)}
+    return _tensor(record)
+
+
+def _record(cls: type, fields: dict[str, Any]) -> Any:
+    """The record of type ``cls`` written by :func:`_plain`, its nested records' types
+    read from ``cls``'s annotations."""
+    hints = typing.get_type_hints(cls)
+    values = []
+    for name in cls._fields:
+        value, nested = fields[name], _record_type(hints[name])
+        values.append(_record(nested, value) if nested and value is not None else value)
+    return cls(*values)
+
+
+def _record_type(hint: Any) -> type | None:
+    """The NamedTuple class in an annotation (``X`` or ``X | None``), or None."""
+    for option in typing.get_args(hint) or (hint,):
+        if isinstance(option, type) and issubclass(option, tuple) and hasattr(option, "_fields"):
+            return option
+    return None
 
 
 def _tensor(x: Any) -> torch.Tensor:

@@ -121,7 +121,7 @@ def run_chains(
     stops = sorted(saves | pooled_stops | {total})
     stop = stops.pop(0)  # chains wait for each other there: a checkpoint, a pooled
     # adaptation, or the end
-    skipped = None
+    skipped = None if resume is None else resume.skipped
     phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
     warming = chains if first < warmup else 0
     counts = _Counts(False, False, False, first * chains, first, warming, chains)
@@ -197,7 +197,7 @@ def run_chains(
             if stop in saves:
                 run.checkpoint(
                     Snapshot(
-                        stop,
+                        restart,  # after an early stop, where the chains go on
                         latest,
                         params.step_size,
                         params.metric.inverse,
@@ -209,6 +209,8 @@ def run_chains(
                         float(useful),
                         slots,
                         time.perf_counter() - started,
+                        params.trajectory_length,
+                        skipped,
                     )
                 )
             if stop == total:

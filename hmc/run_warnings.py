@@ -36,7 +36,7 @@ def warn_about_run(
     if restarted_chains is not None and len(restarted_chains):
         warnings.warn(
             f"chains {restarted_chains.tolist()} stayed far below the others' log density "
-            "through warmup and were restarted from other chains' states (a bad start, or "
+            "over a warmup window and were restarted from other chains' states (a bad start, or "
             "a mode the other chains never visit: on a posterior with modes of very "
             "different heights, compare with adapt='stan')",
             RuntimeWarning,

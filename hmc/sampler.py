@@ -44,7 +44,7 @@ from hmc.settings import (
     init_radius,
     validate,
 )
-from hmc.state import Params, State
+from hmc.state import Params
 from hmc.step_size_search import find_reasonable_step_size
 from hmc.target import Target
 from hmc.to_arviz import adaptation_group, run_attrs, to_datatree
@@ -202,6 +202,8 @@ def sample(
     identity.update(
         chains=chains, save_warmup=save_warmup, batched=batched, checkpoint_every=checkpoint_every
     )
+    if settings.adapt != "stan":  # (checkpoints of Stan's warmup name no adaptation)
+        identity["adapt"] = settings.adapt
     if saved is not None:
         _check_same_run(checkpoint, saved["settings"], identity)
     target = as_target(log_prob, dim, batched)
@@ -437,16 +439,14 @@ def _check_same_run(path: Any, saved: dict[str, Any], current: dict[str, Any]) -
 def _restored(saved: dict[str, Any], dtype: torch.dtype, device: torch.device):
     """The state, parameters, adaptation and loop snapshot of a checkpoint, as tensors on
     the run's device."""
-    to = lambda x: x.to(device)  # noqa: E731
-    state = State(*map(to, saved["state"]))
-    params = Params(to(saved["step_size"]), metric_from_inverse(to(saved["inverse_metric"])))
-    adaptation = saved["adaptation"]
-    if adaptation is not None:
-        adaptation = type(adaptation)(
-            type(adaptation.dual_averaging)(*map(to, adaptation.dual_averaging)),
-            type(adaptation.welford)(*map(to, adaptation.welford)),
-            to(adaptation.search_counter),
-        )
+    state = _to_device(saved["state"], device)
+    length = _to_device(saved["trajectory_length"], device)
+    params = Params(
+        _to_device(saved["step_size"], device),
+        metric_from_inverse(_to_device(saved["inverse_metric"], device)),
+        length,
+    )
+    adaptation = _to_device(saved["adaptation"], device)
     resume = Snapshot(
         saved["iteration"],
         state,
@@ -460,8 +460,17 @@ def _restored(saved: dict[str, Any], dtype: torch.dtype, device: torch.device):
         saved["useful"],
         saved["slots"],
         saved["seconds"],
+        length,
+        saved["skipped"],
     )
     return state, params, adaptation, resume
+
+
+def _to_device(record: Any, device: torch.device) -> Any:
+    """A record (nested NamedTuples of tensors, a tensor, or None) on ``device``."""
+    if isinstance(record, tuple) and hasattr(record, "_fields"):
+        return type(record)(*(_to_device(x, device) for x in record))
+    return None if record is None else record.to(device)
 
 
 def _save_checkpoint(

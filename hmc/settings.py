@@ -137,11 +137,6 @@ def validate(**kw: Any) -> Settings:
     compile = kw["compile"]
     if compile == "auto":
         compile = bool(warmup + kw["draws"] >= AUTO_COMPILE_ITERATIONS)
-    if adapt == "ensemble" and kw["checkpoint"] is not None:
-        raise ValueError(
-            "checkpoint= works with adapt='stan' only: the pooled warmup's state is not "
-            "saved in checkpoints yet"
-        )
     return Settings(
         kernel,
         metric.lower(),

@@ -3,6 +3,7 @@ leaves the previous checkpoint whole, and bad files or another run's file are na
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -120,6 +121,61 @@ def test_a_run_killed_mid_sampling_resumes_to_the_uninterrupted_result(
     again = hmc.sample(log_prob, engine=engine, checkpoint=path, checkpoint_every=20, **SETTINGS)
     assert time.perf_counter() - started < 5
     same_run(again, resumed)
+
+
+@pytest.mark.parametrize("kernel", ["nuts", "chees"])
+def test_a_pooled_warmup_resumes_to_the_uninterrupted_result(kernel, tmp_path):
+    """Interrupted before the early stop, after it (in the terminal buffer) and while
+    sampling, the pooled warmup (and ChEES's trajectory length) goes on from its
+    checkpoint to the uninterrupted run, its skipped iterations included."""
+    settings = dict(
+        dim=3, chains=64, warmup=200, draws=40, seed=3, batched=True, progress=False,
+        adapt="ensemble", kernel=kernel, checkpoint_every=10,
+    )  # fmt: skip
+    whole = hmc.sample(log_prob, checkpoint=tmp_path / "whole.ckpt", **settings)
+    assert whole.attrs["tuning_steps"] == 120  # the early stop skipped 80-159
+    for stop_at in (60, 80, 170, 220):  # before the skip, at it, after it, sampling
+        path = tmp_path / f"{stop_at}.ckpt"
+
+        def interrupted(q, path=path, stop_at=stop_at):
+            if path.exists() and read_checkpoint(path)["iteration"] >= stop_at:
+                raise KeyboardInterrupt
+            return log_prob(q)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with contextlib.suppress(KeyboardInterrupt):
+                hmc.sample(interrupted, checkpoint=path, **settings)
+        written = read_checkpoint(path)["iteration"]  # the skip's goes on at 160
+        assert written == 160 if stop_at == 80 else stop_at <= written < stop_at + 10
+        resumed = hmc.resume(path, log_prob)
+        same_run(resumed, whole)
+        assert resumed.attrs["tuning_steps"] == 120
+        if kernel == "chees":
+            np.testing.assert_array_equal(
+                resumed["adaptation"]["trajectory_length"].values,
+                whole["adaptation"]["trajectory_length"].values,
+            )
+
+
+def test_a_checkpoint_of_the_first_layout_still_reads(tmp_path):
+    """Checkpoints written before the pooled warmup could be saved (format 1: Stan's
+    warmup state as lists, no adapt setting) still resume."""
+    path = tmp_path / "run.ckpt"
+    settings = dict(SETTINGS, warmup=40, draws=20)
+    whole = hmc.sample(log_prob, checkpoint=path, checkpoint_every=20, **settings)
+    payload = torch.load(path, weights_only=True)
+    adaptation = payload["adaptation"]["fields"]
+    payload["adaptation"] = {
+        "dual_averaging": list(adaptation["dual_averaging"].values()),
+        "welford": list(adaptation["welford"].values()),
+        "search_counter": adaptation["search_counter"],
+    }
+    payload["format"] = ["hmc-checkpoint", 1]
+    for name in ("trajectory_length", "skipped"):
+        del payload[name]
+    torch.save(payload, path)
+    same_run(hmc.resume(path, log_prob), whole)
 
 
 def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one(tmp_path, uninterrupted):

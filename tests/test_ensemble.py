@@ -312,8 +312,6 @@ def test_adapt_is_checked():
         hmc.sample(log_prob, dim=1, adapt="pooled", batched=True)
     with pytest.raises(ValueError, match="ChEES learns its trajectory length"):
         hmc.sample(log_prob, dim=1, kernel="chees", adapt="stan", batched=True)
-    with pytest.raises(ValueError, match="checkpoint= works with adapt='stan'"):
-        hmc.sample(log_prob, dim=1, adapt="ensemble", checkpoint="x.ckpt", batched=True)
     with pytest.raises(ValueError, match="trajectory_length must be positive"):
         hmc.ChEES(trajectory_length=0.0)
 
