@@ -8,16 +8,16 @@ Two pages are completed at build time, so that they never go stale:
 
 - ``api.md``: the marker ``HMC_API`` becomes one autodoc entry per public name in
   ``hmc.__all__``, then the public names of a few submodules not already listed;
-- ``tutorials/index.md``: the marker ``HMC_TUTORIALS`` becomes a toctree of the jupytext
-  notebooks ``notebooks/*.py``, which are copied into ``docs/tutorials/`` (git-ignored) and
-  executed by myst-nb with ``HMC_SMALL=1`` and progress bars off.
+- ``tutorials/index.md``: the marker ``HMC_TUTORIALS`` becomes a toctree of the notebooks
+  ``notebooks/*.ipynb``, which are copied into ``docs/tutorials/`` (git-ignored) and shown
+  with the outputs of their full-size run, as committed (``tests/test_notebooks.py`` runs
+  them, small, with ``jupyter execute``).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -29,12 +29,6 @@ ROOT = DOCS.parent
 NOTEBOOKS = ROOT / "notebooks"
 TUTORIALS = DOCS / "tutorials"
 sys.path.insert(0, str(ROOT))
-
-# The notebooks' kernels inherit this environment: small runs, no progress bars, and
-# ipykernel's inline plots (a MPLBACKEND such as CI's "Agg" would hide every figure).
-os.environ["HMC_SMALL"] = "1"
-os.environ["TQDM_DISABLE"] = "1"
-os.environ.pop("MPLBACKEND", None)
 
 import hmc  # noqa: E402
 
@@ -50,8 +44,8 @@ extensions = [
     "numpydoc",
     "myst_nb",
 ]
-source_suffix = {".md": "myst-nb", ".py": "myst-nb"}
-exclude_patterns = ["_build", "conf.py", "**.ipynb_checkpoints", "*.ipynb"]
+source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
+exclude_patterns = ["_build", "conf.py", "**.ipynb_checkpoints"]
 
 html_theme = "pydata_sphinx_theme"
 html_title = f"hmc {release}"
@@ -70,11 +64,7 @@ numpydoc_class_members_toctree = False
 
 myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3
-nb_custom_formats = {".py": ["jupytext.reads", {"fmt": "py:percent"}]}
-nb_execution_mode = "force"
-nb_execution_timeout = 600
-nb_execution_raise_on_error = True
-nb_execution_show_tb = True
+nb_execution_mode = "off"  # the committed outputs of a full-size run
 nb_merge_streams = True
 
 # Submodules whose public names are documented after hmc.__all__ (names already listed
@@ -83,11 +73,11 @@ API_SUBMODULES = ["hmc.autodiff", "hmc.adapt"]
 
 
 def copy_notebooks() -> list[str]:
-    """Mirror ``notebooks/*.py`` into ``docs/tutorials/``; return the page names."""
+    """Mirror ``notebooks/*.ipynb`` into ``docs/tutorials/``; return the page names."""
     TUTORIALS.mkdir(exist_ok=True)
-    sources = sorted(NOTEBOOKS.glob("*.py"))
+    sources = sorted(NOTEBOOKS.glob("*.ipynb"))
     wanted = {path.name for path in sources}
-    for stale in TUTORIALS.glob("*.py"):
+    for stale in [*TUTORIALS.glob("*.ipynb"), *TUTORIALS.glob("*.py")]:
         if stale.name not in wanted:
             stale.unlink()
     for source in sources:
@@ -102,7 +92,7 @@ TUTORIAL_PAGES = copy_notebooks()
 
 def tutorials_toctree(pages: list[str]) -> str:
     if not pages:
-        return "No tutorials yet: they are the jupytext notebooks in `notebooks/`.\n"
+        return "No tutorials yet: they are the notebooks in `notebooks/`.\n"
     return "```{toctree}\n:maxdepth: 1\n\n" + "\n".join(pages) + "\n```\n"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import warnings
 from typing import Any
 
 import numpy as np
@@ -45,13 +46,15 @@ def to_datatree(
     groups.update(extra_groups or {})
     clean = {key: _netcdf_value(value) for key, value in (attrs or {}).items()}
     group_attrs = {name: clean for name in groups if name in ("posterior", "sample_stats")}
-    return arviz_base.from_dict(
-        groups,
-        dims=dims or None,
-        coords=coords or None,
-        save_warmup=save_warmup,
-        attrs={"/": clean, **group_attrs},
-    )
+    with warnings.catch_warnings():  # many short chains are a recipe here, not a mistake
+        warnings.filterwarnings("ignore", "Found chain dimension to be longer than draw")
+        return arviz_base.from_dict(
+            groups,
+            dims=dims or None,
+            coords=coords or None,
+            save_warmup=save_warmup,
+            attrs={"/": clean, **group_attrs},
+        )
 
 
 def _netcdf_value(value: Any) -> Any:

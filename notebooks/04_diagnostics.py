@@ -1,3 +1,19 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
 # %% [markdown]
 # # Diagnostics: when the sampler tells you something is wrong
 #
@@ -98,8 +114,10 @@ pc = az.plot_pair(
 
 # %% [markdown]
 # The divergent draws (marked) crowd into the neck of the funnel, at small $\tau$, where
-# $\theta_1$ collapses onto $\mu$. The chains rarely get further down the neck: the
-# sampler does not explore it, and the estimate of $\tau$ is biased upwards.
+# $\theta_1$ collapses onto $\mu$. The chains rarely get further down the neck (the
+# non-centred run below reaches $\log\tau$ of -8; these stop near -1): the sampler does
+# not explore it, so no estimate that depends on small $\tau$ can be trusted, whatever
+# the summary says (its mean of $\tau$ below happens to land near the reference).
 #
 # ## E-BFMI and the energy plot
 #

@@ -1,3 +1,19 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
 # %% [markdown]
 # # Many chains on one device
 #
@@ -193,9 +209,13 @@ fig.tight_layout()
 # - **Throughput** grows with the number of chains, far faster than the cost per step:
 #   a step of many chains costs only a few times a step of one (the cost of a small step
 #   is mostly Python and kernel-launch overhead), so more chains come almost for free
-#   until the arithmetic itself fills the device. NUTS does more bookkeeping per step than static
-#   HMC (its tree, the U-turn checks), which shows at a few chains; as the batch grows,
-#   that cost is shared by more chains and the gap narrows.
+#   until the arithmetic itself fills the device, or, for NUTS on the CPU, until its work
+#   per chain on the host does (next point).
+# - **NUTS against static HMC.** On the CPU, NUTS keeps each chain's tree on the host and
+#   checks its U-turns chain by chain: Python work that grows with the number of chains,
+#   so at 64 chains and more static HMC's throughput pulls ahead. Static HMC has no such
+#   work, but its chains wait for the longest trajectory of each transition (next
+#   section), which at a few chains can cost it as much.
 # - **Utilisation.** In lock step, the more chains there are, the more likely one of them
 #   builds a deep tree at any given draw, and everyone else waits: the dashed NUTS line
 #   falls as chains are added. Asynchronous NUTS stays near 1. Static HMC with a random

@@ -268,18 +268,30 @@ def stranded_chains(log_density: torch.Tensor) -> torch.Tensor:
 class EnsembleState(NamedTuple):
     """The pooled adaptation state.
 
-    dual_averaging : one dual averaging, ``(1,)`` fields.
-    accept : ``(C,)`` each chain's acceptance statistic of its current iteration.
-    position, gradient : pooled moments of the current window.
-    log_density : ``(C, S)`` the chains' log densities since the last window end (or the
-        start), at most the schedule's longest stretch between two metric updates
-        (:func:`_segment_length`), for the early stop and the stranded chains.
-    search_counter : ``(C,)`` the counters of the step-size search's random streams.
-    trajectory : ChEES's trajectory length (None for other kernels).
-    proposal : the chains' last trajectories (ChEES; None otherwise).
-    restarted : ``(C,)`` the chains restarted from another at the end of warmup.
-    inverse : the last window's pooled inverse metric ``(D,)`` or ``(D, D)``; empty
-        ``(0,)`` before the first window ends.
+    Attributes
+    ----------
+    dual_averaging : DualAveragingState
+        One dual averaging, ``(1,)`` fields.
+    accept : torch.Tensor
+        ``(C,)`` each chain's acceptance statistic of its current iteration.
+    position, gradient : PooledMoments
+        Pooled moments of the current window.
+    log_density : torch.Tensor
+        ``(C, S)`` the chains' log densities since the last window end (or the start), at
+        most the schedule's longest stretch between two metric updates, for the early
+        stop and the stranded chains.
+    search_counter : torch.Tensor
+        ``(C,)`` the counters of the step-size search's random streams.
+    trajectory : TrajectoryState or None
+        ChEES's trajectory length (None for other kernels).
+    proposal : Proposal or None
+        The chains' last trajectories (ChEES; None otherwise).
+    restarted : torch.Tensor
+        ``(C,)`` the chains restarted from another, at a window's end or the last
+        warmup iteration.
+    inverse : torch.Tensor
+        The last window's pooled inverse metric ``(D,)`` or ``(D, D)``; empty ``(0,)``
+        before the first window ends.
     """
 
     dual_averaging: DualAveragingState
