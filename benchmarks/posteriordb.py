@@ -240,7 +240,7 @@ def markdown(records: dict[str, dict[str, Any]]) -> str:
         "rank-normalised split R-hat.",
         f"- Pass: every mean |z| below the bound and every sd within {SD_TOLERANCE:.0%}.",
         "- finished: when the run ended (UTC). Each row ran with the package of the commit "
-        "that added its line to `posteriordb-results.jsonl`. energy: whether the run's energy "
+        "that added its line to the results file (`--results`). energy: whether the run's energy "
         "was compiled (`hmc.sample`'s default for runs this long since the compiled energy "
         "landed; earlier rows ran eagerly), with the compile time, included in wall.",
         "",
