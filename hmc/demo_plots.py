@@ -61,7 +61,7 @@ def trace_figure(posterior: Any, names: list[str] | None = None):
         left.set_title(label, loc="left")
         left.set_ylabel("density")
         right.set_title(f"{label}: draws", loc="left")
-        right.set_ylabel(label)
+        right.set_ylabel("value")  # the title names it; a long name here would overlap
     axes[-1, 0].set_xlabel("value")
     axes[-1, 1].set_xlabel("draw")
     _chain_legend(fig, axes[0, 0])
