@@ -128,8 +128,9 @@ def sample(
         terminal and the ``CI`` environment variable is not set.
     batched : bool
         ``log_prob`` takes ``(C, D)`` and returns ``(C,)``.
-    adapted_from : DataTree, optional
-        A previous run whose adapted step sizes and inverse metrics this run starts from
+    adapted_from : DataTree or path, optional
+        A previous run (its DataTree, or a checkpoint it wrote at or after the end of its
+        warmup) whose adapted step sizes and inverse metrics this run starts from
         (:mod:`hmc.warm_start`): with ``warmup=0`` they are used as they are.
     checkpoint : path, optional
         Write a checkpoint there every ``checkpoint_every`` iterations (default 100) and

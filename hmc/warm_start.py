@@ -1,7 +1,8 @@
 """A warm start: the step sizes and inverse metrics a previous run adapted.
 
 ``hmc.sample(..., adapted_from=previous)`` takes them from the ``adaptation`` group of a
-previous run's DataTree. With the same number of chains each chain takes its own; with
+previous run's DataTree, or from a checkpoint file written at or after the end of that
+run's warmup (:mod:`hmc.checkpoint`). With the same number of chains each chain takes its own; with
 another number every chain takes the median step size and the mean inverse metric over
 the previous chains. A diagonal metric asked for from a dense one keeps its diagonal; a
 dense one from a diagonal one is that diagonal. With ``warmup=0`` they are used as they
@@ -11,17 +12,23 @@ arguments do).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import torch
+
+from hmc.checkpoint import read_checkpoint
 
 __all__ = ["adapted_parameters", "read_adaptation"]
 
 
 def read_adaptation(adapted_from: Any) -> tuple[np.ndarray, np.ndarray]:
     """The step sizes ``(C,)`` and inverse metrics ``(C, D)`` or ``(C, D, D)`` of a
-    previous run's DataTree; raises naming ``adapted_from`` when it is not one."""
+    previous run's DataTree or checkpoint file; raises naming ``adapted_from`` when it is
+    neither, or a checkpoint written before its run's warmup ended."""
+    if isinstance(adapted_from, str | os.PathLike):
+        return _checkpoint_adaptation(adapted_from)
     try:
         group = adapted_from["adaptation"]
         step_size = np.asarray(group["step_size"].values, dtype=np.float64)
@@ -29,8 +36,27 @@ def read_adaptation(adapted_from: Any) -> tuple[np.ndarray, np.ndarray]:
     except (KeyError, TypeError, AttributeError) as error:
         raise TypeError(
             "adapted_from must be the DataTree of a previous hmc.sample run (with its "
-            f"'adaptation' group), got {type(adapted_from).__name__} ({error})"
+            f"'adaptation' group) or the path of its checkpoint, got "
+            f"{type(adapted_from).__name__} ({error})"
         ) from None
+    return _checked(step_size, inverse)
+
+
+def _checkpoint_adaptation(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """The adapted step sizes and inverse metrics in the checkpoint at ``path``."""
+    saved = read_checkpoint(path)
+    warmup = saved["settings"]["warmup"]
+    if saved["iteration"] < warmup:
+        raise ValueError(
+            f"adapted_from checkpoint {str(path)!r} was written during warmup (iteration "
+            f"{saved['iteration']} of {warmup}): its step sizes and metric are not adapted "
+            "yet; continue that run with hmc.resume"
+        )
+    step_size = saved["step_size"].numpy().astype(np.float64)
+    return _checked(step_size, saved["inverse_metric"].numpy().astype(np.float64))
+
+
+def _checked(step_size: np.ndarray, inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not (np.isfinite(step_size).all() and (step_size > 0).all()):
         raise ValueError("adapted_from has step sizes that are not positive and finite")
     return step_size, inverse

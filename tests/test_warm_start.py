@@ -16,7 +16,7 @@ def log_prob(q):
     return -0.5 * ((q / SCALES) ** 2).sum(-1)
 
 
-def run(**kwargs):
+def run(log_prob=log_prob, **kwargs):
     options = dict(dim=3, chains=4, seed=3, batched=True, progress=False, compile=False)
     return hmc.sample(log_prob, **{**options, **kwargs})
 
@@ -65,6 +65,33 @@ def test_with_warmup_adaptation_starts_from_the_previous_metric(previous):
     np.testing.assert_allclose(
         dt["adaptation"]["inverse_metric"].values, previous["adaptation"]["inverse_metric"].values
     )
+
+
+def test_a_checkpoint_written_after_warmup_gives_the_same_start(tmp_path):
+    """The step sizes and metrics a checkpoint holds once warmup has ended are those of
+    the run's DataTree; one written during warmup is refused, naming it."""
+    path = tmp_path / "run.ckpt"
+    finished = run(warmup=100, draws=40, checkpoint=path, checkpoint_every=20)
+    from_file = run(warmup=0, draws=5, adapted_from=path, seed=4)
+    from_tree = run(warmup=0, draws=5, adapted_from=finished, seed=4)
+    for group in ("adaptation", "posterior"):
+        for name in from_tree[group].data_vars:
+            np.testing.assert_array_equal(
+                from_file[group][name].values, from_tree[group][name].values
+            )
+    early = tmp_path / "early.ckpt"
+    with pytest.warns(RuntimeWarning):  # the interrupted run says how to go on
+
+        def stop_after_first_checkpoint(q):
+            if early.exists():
+                raise KeyboardInterrupt
+            return log_prob(q)
+
+        with pytest.raises(KeyboardInterrupt):
+            run(warmup=100, draws=40, checkpoint=early, checkpoint_every=20,
+                log_prob=stop_after_first_checkpoint)  # fmt: skip
+    with pytest.raises(ValueError, match=r"early.ckpt' was written during warmup \(iteration 20"):
+        run(warmup=0, draws=5, adapted_from=early)
 
 
 @pytest.mark.parametrize(
