@@ -9,7 +9,12 @@ Stan and PyMC report these after sampling; so does :func:`hmc.sample`, once each
 - an adapted inverse metric whose scales span more than :data:`METRIC_SPAN` (a direction
   the posterior barely constrains, or one it pins down, either of which starves the rest);
 - chains the pooled warmup restarted from another chain (stranded far below the others'
-  log density: a bad start, or a mode the other chains never visit).
+  log density: a bad start, or a mode the other chains never visit);
+- coordinates whose draws have not settled: split R-hat above :data:`UNSETTLED_RHAT`
+  (chains, or the halves of one chain, disagree: chains that have not converged, or a
+  direction the posterior does not constrain, drifting for ever). Only with at least
+  :data:`UNSETTLED_MIN_DRAWS` draws per chain: over fewer, classic R-hat over-reacts to
+  autocorrelation, and nested R-hat (:func:`hmc.nested_rhat`) is the check to run.
 """
 
 from __future__ import annotations
@@ -18,21 +23,26 @@ import warnings
 
 import numpy as np
 
-__all__ = ["METRIC_SPAN", "warn_about_run"]
+__all__ = ["METRIC_SPAN", "UNSETTLED_MIN_DRAWS", "UNSETTLED_RHAT", "warn_about_run"]
 
 #: an adapted inverse metric whose largest and smallest variances differ by more than
 #: this factor gets a warning
 METRIC_SPAN = 1e8
+#: a coordinate whose split R-hat exceeds this gets a warning ...
+UNSETTLED_RHAT = 1.1
+#: ... when every chain kept at least this many draws
+UNSETTLED_MIN_DRAWS = 100
 
 
 def warn_about_run(
     sample_stats: dict[str, np.ndarray],
     inverse_metric: np.ndarray,
     restarted_chains: np.ndarray | None = None,
+    draws: np.ndarray | None = None,
 ) -> None:
     """Warn about the kept draws' ``sample_stats`` (``(C, W)`` arrays under their ArviZ
-    names), the adapted ``inverse_metric`` (``(C, D)`` or ``(C, D, D)``) and the chains
-    the warmup restarted ``(R,)``."""
+    names), the adapted ``inverse_metric`` (``(C, D)`` or ``(C, D, D)``), the chains
+    the warmup restarted ``(R,)`` and the kept unconstrained ``draws`` ``(C, W, D)``."""
     if restarted_chains is not None and len(restarted_chains):
         warnings.warn(
             f"chains {restarted_chains.tolist()} stayed far below the others' log density "
@@ -79,3 +89,33 @@ def warn_about_run(
             RuntimeWarning,
             stacklevel=3,
         )
+    if draws is not None and draws.shape[1] >= UNSETTLED_MIN_DRAWS and draws.shape[0] > 0:
+        unsettled, rhat = _unsettled(draws)
+        if unsettled.size:
+            shown = ", ".join(str(i) for i in unsettled[:10]) + (
+                " ..." if unsettled.size > 10 else ""
+            )
+            warnings.warn(
+                f"{unsettled.size} of {draws.shape[2]} coordinates (of the unconstrained "
+                f"position: {shown}) have not settled: split R-hat up to {rhat:.2f} (above "
+                f"{UNSETTLED_RHAT}), chains or halves of chains disagree. Look at their "
+                "traces: chains that have not converged need a longer run; a drift that "
+                "never ends is a direction the posterior does not constrain (an improper "
+                "prior?).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def _unsettled(draws: np.ndarray) -> tuple[np.ndarray, float]:
+    """The coordinates of ``draws`` ``(C, W, D)`` whose split R-hat (ArviZ's, without
+    ranks: cheap at any D) exceeds :data:`UNSETTLED_RHAT`, and the largest R-hat (a
+    coordinate that never moved has none and is not flagged here)."""
+    from arviz_stats.base import array_stats
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rhat = array_stats.rhat(
+            np.moveaxis(draws, 2, 0), chain_axis=-2, draw_axis=-1, method="split"
+        )
+    bad = np.flatnonzero(rhat > UNSETTLED_RHAT)
+    return bad, float(rhat[bad].max()) if bad.size else 1.0

@@ -329,7 +329,9 @@ def sample(
         }
     dims, coords = target.dims_and_coords()
     stats = recorder.stats(kept)
-    warn_about_run(stats, params.metric.inverse.numpy(force=True), attrs["restarted_chains"])
+    warn_about_run(
+        stats, params.metric.inverse.numpy(force=True), attrs["restarted_chains"], draws_array
+    )
     tree = to_datatree(
         target.posterior(draws_array),
         stats,

@@ -150,8 +150,10 @@ def test_centred_funnel_reports_divergences():
     kernel = hmc.NUTS(max_tree_depth=6)  # trees in the funnel's mouth are long: cap them
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        # the end-of-run count of divergences is expected here
+        # the end-of-run count of divergences is expected here, and so is R-hat's verdict
+        # on v (the chains visit the neck unevenly)
         warnings.filterwarnings("ignore", r"\d+ of \d+ kept transitions", RuntimeWarning)
+        warnings.filterwarnings("ignore", r"\d+ of \d+ coordinates .* have not settled")
         dt = run(
             funnel_centred,
             10,

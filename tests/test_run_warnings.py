@@ -1,5 +1,5 @@
 """The warnings at the end of a run (divergences, maximum tree depth, a metric spanning
-many orders of magnitude), and a quiet healthy run."""
+many orders of magnitude, coordinates that have not settled), and a quiet healthy run."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ HEALTHY = {
 }
 
 
-def caught(stats, inverse) -> list[str]:
+def caught(stats, inverse, draws=None) -> list[str]:
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
-        warn_about_run(stats, inverse)
+        warn_about_run(stats, inverse, draws=draws)
     assert all(r.category is RuntimeWarning for r in records)
     return [str(r.message) for r in records]
 
@@ -55,6 +55,29 @@ def test_a_metric_spanning_many_orders_names_its_chains(dense):
     inverse = np.stack([np.diag(v) for v in variances]) if dense else variances
     (message,) = caught(HEALTHY, inverse)
     assert message.startswith("the adapted metric of chains [1] spans 1.0e+09")
+
+
+def test_coordinates_that_have_not_settled_are_named():
+    """Independent draws settle; a random walk (a flat direction's drift) and a chain
+    stuck elsewhere do not; under 100 draws per chain nothing is judged."""
+    rng = np.random.default_rng(0)
+    draws = rng.normal(size=(4, 200, 5))
+    assert caught(HEALTHY, np.ones((2, 3)), draws) == []
+    draws[:, :, 1] += np.cumsum(rng.normal(size=(4, 200)), axis=1)
+    draws[2, :, 3] += 5.0
+    (message,) = caught(HEALTHY, np.ones((2, 3)), draws)
+    assert message.startswith("2 of 5 coordinates (of the unconstrained position: 1, 3) have")
+    assert caught(HEALTHY, np.ones((2, 3)), draws[:, :99]) == []
+
+
+def test_sample_warns_about_a_direction_the_posterior_does_not_constrain():
+    with pytest.warns(
+        RuntimeWarning, match=r"1 of 2 coordinates \(of the unconstrained position: 1\)"
+    ):
+        hmc.sample(
+            lambda q: -0.5 * q[..., 0] ** 2, dim=2, chains=4, warmup=150, draws=150,
+            batched=True, seed=1, progress=False, kernel=hmc.NUTS(max_tree_depth=5),
+        )  # fmt: skip
 
 
 def test_sample_warns_at_the_end_of_a_run_at_maximum_depth():
