@@ -121,6 +121,7 @@ class Potential:
         self.evaluations = 0
         self._use_vmap = True
         self._warned_raise = False
+        self._checked = False
         self._cotangent: torch.Tensor | None = None
         self.compiled = False
         self.compile_seconds = 0.0
@@ -146,6 +147,15 @@ class Potential:
         grad : ``(C, D)`` (or ``(D,)``) gradients of U, zero where U is ``+inf``.
         Arrays of the same kind as ``q``.
         """
+        if q.ndim not in (1, 2) or not q.shape[-1]:
+            raise ValueError(f"q must have shape (C, D) or (D,) with D >= 1, got {tuple(q.shape)}")
+        if not (q.dtype.kind == "f" if isinstance(q, np.ndarray) else q.dtype.is_floating_point):
+            raise TypeError(f"q must hold floating-point positions, got {q.dtype}")
+        if q.ndim == 2 and not q.shape[0]:  # no positions: nothing to evaluate
+            empty = q if isinstance(q, np.ndarray) else q.detach()
+            return empty[:, 0] * 0, empty * 0
+        if not self._checked:  # the first call names a wrong output (later calls trust it)
+            self.check(torch.as_tensor(q).reshape(-1, q.shape[-1]))
         if self._compile is False:
             return self._value_and_grad(q)
         if q.ndim == 2:
@@ -223,6 +233,7 @@ class Potential:
         Points where ``log_prob`` raises are points of zero density, not errors: the first
         row (or, batched, the whole batch, then each row alone) where it does not raise is
         checked. Returns False when it raised everywhere (nothing could be checked)."""
+        self._checked = True
         rows = list(q.detach().split(1)) if self.batched else list(q.detach().unbind(0))
         if self.batched and q.shape[0] > 1:
             rows.insert(0, q.detach())
