@@ -32,7 +32,7 @@ from hmc.adapt.ensemble import (
 )
 from hmc.kernels.chees import halton
 from hmc.random import chain_keys
-from hmc.state import Proposal
+from hmc.state import Params, Proposal
 from hmc.step_size_search import find_reasonable_step_size
 
 DTYPE = torch.float64
@@ -115,6 +115,17 @@ def test_settled_needs_a_stable_metric_and_no_trend():
 def test_halton_numbers():
     values = halton(torch.arange(1, 8)).tolist()
     assert values == [0.5, 0.25, 0.75, 0.125, 0.625, 0.375, 0.875]
+
+
+def test_chees_steps_follow_the_learnt_length_and_the_jitter():
+    """Transition t takes ceil(h_{t+1} T / eps) steps, the same in every chain."""
+    keys = chain_keys(0, torch.arange(3))
+    eps, length = torch.full((3,), 0.125, dtype=DTYPE), torch.full((3,), 1.5, dtype=DTYPE)
+    for counter, expected in enumerate([6, 3, 9, 2]):  # ceil(h * 12): h = 1/2, 1/4, 3/4, 1/8
+        steps = hmc.ChEES().num_steps_for(
+            Params(eps, None, length), keys, torch.full((3,), counter)
+        )
+        assert steps.tolist() == [expected] * 3
 
 
 def test_chees_gradient_vanishes_at_the_criterions_optimum():

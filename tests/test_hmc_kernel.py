@@ -122,7 +122,7 @@ def test_drawn_number_of_steps_is_uniform_up_to_the_trajectory_length():
     step_size = torch.full((chains,), 0.3, dtype=DTYPE)  # ceil(2 / 0.3) = 7
     counts = np.zeros(8, dtype=int)
     for counter in range(5):
-        n = kernel.num_steps_for(step_size, keys, torch.full((chains,), counter))
+        n = kernel.num_steps_for(Params(step_size, None), keys, torch.full((chains,), counter))
         assert n.dtype == torch.int64
         assert n.min() >= 1 and n.max() <= 7
         counts += np.bincount(n.numpy(), minlength=8)
@@ -132,11 +132,13 @@ def test_drawn_number_of_steps_is_uniform_up_to_the_trajectory_length():
     assert chi2 < 6 + 4.5 * math.sqrt(12), counts  # 6 degrees of freedom
     # the cap
     capped = hmc.HMC(max_steps=3).num_steps_for(
-        torch.full((50,), 1e-4, dtype=DTYPE), keys[:50], torch.zeros(50, dtype=torch.int64)
+        Params(torch.full((50,), 1e-4, dtype=DTYPE), None),
+        keys[:50],
+        torch.zeros(50, dtype=torch.int64),
     )
     assert capped.max() <= 3 and capped.min() >= 1
     fixed = hmc.HMC(num_steps=4).num_steps_for(
-        step_size[:3], keys[:3], torch.zeros(3, dtype=torch.int64)
+        Params(step_size[:3], None), keys[:3], torch.zeros(3, dtype=torch.int64)
     )
     assert fixed.tolist() == [4, 4, 4]
 

@@ -212,11 +212,12 @@ class HMC:
         )
 
     def num_steps_for(
-        self, step_size: torch.Tensor, keys: torch.Tensor, counter: torch.Tensor
+        self, params: Params, keys: torch.Tensor, counter: torch.Tensor
     ) -> torch.Tensor:
-        """``(C,)`` leapfrog steps of each chain's transition number ``counter``."""
-        u = self.draws(keys, counter, 1, step_size.dtype).steps
-        return self._num_steps(Params(step_size, None), u)
+        """``(C,)`` leapfrog steps of each chain's transition number ``counter`` under
+        ``params`` (its step sizes, and the trajectory lengths where the kernel uses them)."""
+        u = self.draws(keys, counter, 1, params.step_size.dtype).steps
+        return self._num_steps(params, u)
 
     def _num_steps(self, params: Params, u: torch.Tensor | None) -> torch.Tensor:
         """``(C,)`` leapfrog steps from the chains' step sizes and uniforms ``u`` ``(C,)``."""
