@@ -305,9 +305,7 @@ def read_results(path: Path) -> dict[str, dict[str, Any]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chains", type=int, default=4)
-    parser.add_argument(
-        "--warmup", type=int, default=None, help="default: hmc.sample's (by adaptation)"
-    )
+    parser.add_argument("--warmup", type=int, default=None, help="default: hmc.sample's")
     parser.add_argument("--adapt", default=None, help="default: hmc.sample's default")
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)

@@ -25,6 +25,7 @@ __all__ = [
     "as_arrays",
     "as_tensors",
     "engine_for",
+    "map_record",
     "namespace",
     "to_float64",
     "to_int64",
@@ -83,21 +84,21 @@ def to_float64(x: Array) -> Array:
     return x.to(torch.float64)
 
 
+def map_record(fn, record):
+    """``record`` (a tensor or array, None, or nested NamedTuples of them) with ``fn``
+    applied to every field that is not a record or None."""
+    if isinstance(record, tuple) and hasattr(record, "_fields"):
+        return type(record)(*(map_record(fn, field) for field in record))
+    return None if record is None else fn(record)
+
+
 def as_arrays(record):
     """A (nested) record with every CPU tensor replaced by the NumPy array that shares its
     memory; other fields (numbers, arrays, None) are kept as they are."""
-    if isinstance(record, torch.Tensor):
-        return record.detach().numpy()
-    if isinstance(record, tuple) and hasattr(record, "_fields"):
-        return type(record)(*map(as_arrays, record))
-    return record
+    return map_record(lambda x: x.detach().numpy() if isinstance(x, torch.Tensor) else x, record)
 
 
 def as_tensors(record):
     """The inverse of :func:`as_arrays`: NumPy arrays become CPU tensors sharing their
     memory."""
-    if isinstance(record, np.ndarray):
-        return torch.from_numpy(record)
-    if isinstance(record, tuple) and hasattr(record, "_fields"):
-        return type(record)(*map(as_tensors, record))
-    return record
+    return map_record(lambda x: torch.from_numpy(x) if isinstance(x, np.ndarray) else x, record)

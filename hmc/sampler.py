@@ -24,7 +24,7 @@ from hmc._torch_compat import distribution_validation_off
 from hmc.adapt.ensemble import EnsembleWarmup, ensemble_schedule
 from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import StanWarmup
-from hmc.arrays import as_arrays, as_tensors
+from hmc.arrays import as_arrays, as_tensors, map_record
 from hmc.checkpoint import Snapshot, read_checkpoint, write_checkpoint
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
 from hmc.interrupts import kept_draws, terminate_as_interrupt
@@ -59,7 +59,7 @@ def sample(
     *,
     dim: int | None = None,
     chains: int = 4,
-    warmup: int | None = None,
+    warmup: int = 1000,
     draws: int = 1000,
     kernel: str | Kernel = "nuts",
     metric: str = "diag",
@@ -442,14 +442,15 @@ def _check_same_run(path: Any, saved: dict[str, Any], current: dict[str, Any]) -
 def _restored(saved: dict[str, Any], dtype: torch.dtype, device: torch.device):
     """The state, parameters, adaptation and loop snapshot of a checkpoint, as tensors on
     the run's device."""
-    state = _to_device(saved["state"], device)
-    length = _to_device(saved["trajectory_length"], device)
-    params = Params(
-        _to_device(saved["step_size"], device),
-        metric_from_inverse(_to_device(saved["inverse_metric"], device)),
-        length,
+    to = functools.partial(map_record, lambda x: x.to(device))
+    state, length, adaptation = (
+        to(saved["state"]),
+        to(saved["trajectory_length"]),
+        to(saved["adaptation"]),
     )
-    adaptation = _to_device(saved["adaptation"], device)
+    params = Params(
+        to(saved["step_size"]), metric_from_inverse(to(saved["inverse_metric"])), length
+    )
     resume = Snapshot(
         saved["iteration"],
         state,
@@ -467,13 +468,6 @@ def _restored(saved: dict[str, Any], dtype: torch.dtype, device: torch.device):
         saved["skipped"],
     )
     return state, params, adaptation, resume
-
-
-def _to_device(record: Any, device: torch.device) -> Any:
-    """A record (nested NamedTuples of tensors, a tensor, or None) on ``device``."""
-    if isinstance(record, tuple) and hasattr(record, "_fields"):
-        return type(record)(*(_to_device(x, device) for x in record))
-    return None if record is None else record.to(device)
 
 
 def _save_checkpoint(

@@ -43,8 +43,6 @@ METRICS = ("identity", "diag", "dense")
 #: warmup adaptations: each chain on its own (Stan's) or all chains pooled
 #: (:mod:`hmc.adapt.ensemble`)
 ADAPTATIONS = ("stan", "ensemble")
-#: default warmup iterations per adaptation
-DEFAULT_WARMUP = {"stan": 1000, "ensemble": 1000}
 #: ChEES's default target for the harmonic mean of the acceptance probabilities (the
 #: optimum for HMC on Gaussians, Beskos et al. 2013); NUTS and HMC target 0.8 (Stan)
 CHEES_TARGET_ACCEPT = 0.651
@@ -62,9 +60,9 @@ class Settings(NamedTuple):
     """The kernel to run, the metric's name (lower case), the seed (drawn when none was
     given), whether to show progress, the chains' device, the run's engine
     (:func:`hmc.arrays.engine_for`), whether to compile the energy (``compile="auto"``
-    decided by :data:`AUTO_COMPILE_ITERATIONS`), the warmup adaptation's name, the
-    number of warmup iterations and the target acceptance statistic (their defaults when
-    none was given)."""
+    decided by :data:`AUTO_COMPILE_ITERATIONS`), the warmup adaptation's name (by default
+    ``"ensemble"`` for ChEES), the number of warmup iterations and the target acceptance
+    statistic (by default Stan's 0.8, or :data:`CHEES_TARGET_ACCEPT` for ChEES)."""
 
     kernel: Kernel
     metric: str
@@ -86,7 +84,7 @@ def validate(**kw: Any) -> Settings:
     """Check ``hmc.sample``'s arguments (by name); raise naming the first bad one."""
     for name, minimum in (("chains", 1), ("warmup", 0), ("draws", 1)):
         value = kw[name]
-        if (name != "warmup" or value is not None) and (not _is_int(value) or value < minimum):
+        if not _is_int(value) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     kernel = kw["kernel"]
     if isinstance(kernel, str):
@@ -99,7 +97,7 @@ def validate(**kw: Any) -> Settings:
             f"got {kernel!r}"
         )
     adapt = _adaptation(kw["adapt"], kernel)
-    warmup = DEFAULT_WARMUP[adapt] if kw["warmup"] is None else kw["warmup"]
+    warmup = kw["warmup"]
     metric = kw["metric"]
     if not isinstance(metric, str) or metric.lower() not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
