@@ -461,13 +461,14 @@ class EnsembleWarmup:
             )
         ends_window = in_window and schedule.ends_window(iteration)
         final = iteration == schedule.num_warmup - 1
-        if self.restart_stranded and chains > 1 and (ends_window or final):
+        stranded = stranded_chains(log_density) if ends_window or final else None
+        if self.restart_stranded and chains > 1 and stranded is not None and stranded.any():
             # at a window's end, so that a restarted chain has the later iterations to part
             # from the one it restarted from before any draw is kept
-            restarted_state, restarted = _restart_stranded(tensors, log_density)
+            restarted_state = _restart_stranded(tensors, stranded)
             if restarted_state is not tensors:
                 changed, tensors = True, restarted_state
-                adaptation = adaptation._replace(restarted=adaptation.restarted | restarted)
+                adaptation = adaptation._replace(restarted=adaptation.restarted | stranded)
         if ends_window:
             inverse = pooled_inverse_metric(adaptation.position, adaptation.gradient)
             metric = metric_from_inverse(inverse[None].expand(chains, *inverse.shape).clone())
@@ -482,7 +483,7 @@ class EnsembleWarmup:
             da = dual_averaging_init(common)
             step_size = common
             last = iteration == windows[-1][1]
-            joined = log_density[~stranded_chains(log_density)]  # stranded ones restart
+            joined = log_density[~stranded]  # the stranded ones restart
             if self.early_stop and not last and settled(joined, inverse, adaptation.inverse):
                 skip_to = windows[-1][1] + 1
             adaptation = adaptation._replace(
@@ -559,13 +560,12 @@ def _segment_length(schedule: WarmupSchedule) -> int:
     return max(terminal, *(last - first + 1 for first, last in schedule.windows))
 
 
-def _restart_stranded(state: State, log_density: torch.Tensor) -> tuple[State, torch.Tensor]:
-    """``state`` with each stranded chain (:func:`stranded_chains`) replaced by a healthy
-    chain's state (the healthy chains in turn), and the mask of the restarted chains."""
-    stranded = stranded_chains(log_density)
+def _restart_stranded(state: State, stranded: torch.Tensor) -> State:
+    """``state`` with each ``stranded`` chain ``(C,)`` replaced by a healthy chain's state
+    (the healthy chains in turn); ``state`` itself when no chain is healthy."""
     healthy = (~stranded).nonzero().flatten()
-    if not stranded.any() or healthy.numel() == 0:
-        return state, torch.zeros_like(stranded)
+    if healthy.numel() == 0:
+        return state
     rows = torch.arange(stranded.shape[0], device=stranded.device)
     sources = torch.where(stranded, healthy[rows % healthy.numel()], rows)
-    return State(*(x.index_select(0, sources) for x in state)), stranded
+    return State(*(x.index_select(0, sources) for x in state))
