@@ -103,7 +103,8 @@ def run_chains(
     reached it; the snapshot is written and the kernel starts afresh from there (each
     chain's draws depend only on its own history, so this changes no draw). The last
     checkpoint is written at the end of the run. A pooling adapter's warmup iterations are
-    such stops too (see the module docstring)."""
+    such stops too (see the module docstring), and so are a streaming recorder's chunk
+    ends, where the chunk is flushed to its store."""
     kernel, warmup, adapter = run.kernel, run.warmup, run.adapter
     total = warmup + run.draws
     chains = state.potential.shape[0]
@@ -118,9 +119,10 @@ def run_chains(
     saves = set(_stops(first, warmup, total, every)) if run.checkpoint else set()
     lockstep = adaptation is not None and adapter.lockstep
     pooled_stops = set(range(first + 1, warmup + 1)) if lockstep else set()
-    stops = sorted(saves | pooled_stops | {total})
+    flushes = set(recorder.ends(first, total))  # a streaming recorder's chunks
+    stops = sorted(saves | pooled_stops | flushes | {total})
     stop = stops.pop(0)  # chains wait for each other there: a checkpoint, a pooled
-    # adaptation, or the end
+    # adaptation, a chunk of draws to store, or the end
     skipped = None if resume is None else resume.skipped
     phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
     warming = chains if first < warmup else 0
@@ -165,7 +167,7 @@ def run_chains(
                     if counts.warming < was_warming:  # some chains left their warmup
                         leaving = step.done & (iteration == warmup - 1)
                         params = adapter.final(adaptation, params, leaving)
-                if run.checkpoint is not None or (lockstep and was_warming):
+                if run.checkpoint is not None or flushes or (lockstep and was_warming):
                     latest = where_rows(step.done, step.state, latest)
                 iteration = iteration + step.done
                 phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
@@ -194,7 +196,9 @@ def run_chains(
                     host_iteration = np.full(chains, restart, dtype=np.int64)
                     stops = [s for s in stops if s > restart]
                     counts = counts._replace(least=restart)
+            recorder.flush(stop, restart)
             if stop in saves:
+                held_positions, held_stats = recorder.held()
                 run.checkpoint(
                     Snapshot(
                         restart,  # after an early stop, where the chains go on
@@ -202,8 +206,8 @@ def run_chains(
                         params.step_size,
                         params.metric.inverse,
                         adaptation,
-                        recorder.positions,
-                        recorder.buffers,
+                        held_positions,
+                        held_stats,
                         int(recorder.divergences),
                         warmup_seconds,
                         float(useful),

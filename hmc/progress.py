@@ -71,9 +71,8 @@ class Progress:
             return
         self.shown = now
         iteration, step_size = _numpy(iteration), _numpy(step_size)
-        buffers = recorder.buffers
-        divergences = _per_chain(buffers.get("diverging"), recorder.kept, iteration.shape[0])
-        steps = _per_chain(buffers.get("n_steps"), recorder.kept, iteration.shape[0])
+        divergences = _per_chain(recorder.chain_sums("diverging"), iteration.shape[0])
+        steps = _per_chain(recorder.chain_sums("n_steps"), iteration.shape[0])
         recorded = np.clip(iteration - recorder.offset, 0, recorder.kept)
         for line, group in zip(self.lines, self.groups, strict=True):
             least = int(iteration[group].min())
@@ -101,12 +100,9 @@ def _label(group: np.ndarray) -> str:
     return f"chain {first}" if first == last else f"chains {first}-{last}"
 
 
-def _per_chain(buffer: Any, kept: int, chains: int) -> np.ndarray:
-    """Sums over the recorded columns of a ``(C, kept + 1)`` buffer (the last is spare);
-    zeros before anything is recorded."""
-    if buffer is None:
-        return np.zeros(chains)
-    return _numpy(buffer[:, :kept].sum(1))
+def _per_chain(sums: np.ndarray | None, chains: int) -> np.ndarray:
+    """Per-chain sums ``(C,)``; zeros before anything is recorded."""
+    return np.zeros(chains) if sums is None else sums
 
 
 def _numpy(x: Any) -> np.ndarray:

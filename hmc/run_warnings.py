@@ -15,11 +15,15 @@ Stan and PyMC report these after sampling; so does :func:`hmc.sample`, once each
   direction the posterior does not constrain, drifting for ever). Only with at least
   :data:`UNSETTLED_MIN_DRAWS` draws per chain: over fewer, classic R-hat over-reacts to
   autocorrelation, and nested R-hat (:func:`hmc.nested_rhat`) is the check to run.
+  The unconstrained coordinates are checked; for a run streamed to a file
+  (``store=``), the stored posterior variables, read a block at a time.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -32,17 +36,20 @@ METRIC_SPAN = 1e8
 UNSETTLED_RHAT = 1.1
 #: ... when every chain kept at least this many draws
 UNSETTLED_MIN_DRAWS = 100
+#: the most draws read at once from a stored posterior for the settled check, in bytes
+BLOCK_BYTES = 32 * 2**20
 
 
 def warn_about_run(
     sample_stats: dict[str, np.ndarray],
     inverse_metric: np.ndarray,
     restarted_chains: np.ndarray | None = None,
-    draws: np.ndarray | None = None,
+    draws: np.ndarray | Any | None = None,
 ) -> None:
     """Warn about the kept draws' ``sample_stats`` (``(C, W)`` arrays under their ArviZ
     names), the adapted ``inverse_metric`` (``(C, D)`` or ``(C, D, D)``), the chains
-    the warmup restarted ``(R,)`` and the kept unconstrained ``draws`` ``(C, W, D)``."""
+    the warmup restarted ``(R,)`` and the kept unconstrained ``draws`` ``(C, W, D)`` (or
+    a stored posterior: an ``xarray.Dataset`` of ``(chain, draw, ...)`` variables)."""
     if restarted_chains is not None and len(restarted_chains):
         warnings.warn(
             f"chains {restarted_chains.tolist()} stayed far below the others' log density "
@@ -89,15 +96,25 @@ def warn_about_run(
             RuntimeWarning,
             stacklevel=3,
         )
-    if draws is not None and draws.shape[1] >= UNSETTLED_MIN_DRAWS and draws.shape[0] > 0:
-        unsettled, rhat = _unsettled(draws)
-        if unsettled.size:
+    if draws is None:
+        return
+    stored = not isinstance(draws, np.ndarray)
+    chains, kept = (draws.sizes["chain"], draws.sizes["draw"]) if stored else draws.shape[:2]
+    if kept >= UNSETTLED_MIN_DRAWS and chains > 0:
+        blocks = _stored_blocks(draws) if stored else [(list(range(draws.shape[2])), draws)]
+        unsettled, rhat, count = [], 1.0, 0
+        for labels, block in blocks:
+            bad, block_rhat = _unsettled(block)
+            unsettled += [labels[i] for i in bad]
+            rhat, count = max(rhat, block_rhat), count + len(labels)
+        if unsettled:
             shown = ", ".join(str(i) for i in unsettled[:10]) + (
-                " ..." if unsettled.size > 10 else ""
+                " ..." if len(unsettled) > 10 else ""
             )
+            where = "of the stored posterior" if stored else "of the unconstrained position"
             warnings.warn(
-                f"{unsettled.size} of {draws.shape[2]} coordinates (of the unconstrained "
-                f"position: {shown}) have not settled: split R-hat up to {rhat:.2f} (above "
+                f"{len(unsettled)} of {count} coordinates ({where}: {shown}) have not "
+                f"settled: split R-hat up to {rhat:.2f} (above "
                 f"{UNSETTLED_RHAT}), chains or halves of chains disagree. Look at their "
                 "traces: chains that have not converged need a longer run; a drift that "
                 "never ends is a direction the posterior does not constrain (an improper "
@@ -105,6 +122,30 @@ def warn_about_run(
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+
+def _stored_blocks(posterior: Any) -> Iterator[tuple[list[str], np.ndarray]]:
+    """The coordinates of each numeric variable of a stored ``posterior`` (``(chain,
+    draw, ...)`` each), named ``name[i, j]``, as ``(C, W, k)`` float blocks of rows of its
+    first coordinate, about :data:`BLOCK_BYTES` each."""
+    for name, variable in posterior.data_vars.items():
+        if not np.issubdtype(variable.dtype, np.number):
+            continue
+        if variable.ndim == 2:
+            variable = variable.expand_dims("coordinate", axis=2)
+        chains, kept, rows = variable.shape[:3]
+        inner = variable.shape[3:]
+        per_row = chains * kept * variable.dtype.itemsize * int(np.prod(inner))
+        step = max(1, BLOCK_BYTES // max(per_row, 1))
+        for start in range(0, rows, step):
+            stop = min(start + step, rows)
+            block = variable[:, :, start:stop].values.reshape(chains, kept, -1)
+            if posterior[name].ndim == 2:
+                labels = [name]
+            else:
+                indices = ((start + i[0], *i[1:]) for i in np.ndindex(stop - start, *inner))
+                labels = [f"{name}[{', '.join(map(str, i))}]" for i in indices]
+            yield labels, block.astype(float)
 
 
 def _unsettled(draws: np.ndarray) -> tuple[np.ndarray, float]:

@@ -46,6 +46,7 @@ from hmc.settings import (
 )
 from hmc.state import Params
 from hmc.step_size_search import find_reasonable_step_size
+from hmc.store import HostStore, NetcdfStore, chunk_iterations
 from hmc.target import Target
 from hmc.to_arviz import adaptation_group, run_attrs, to_datatree
 from hmc.warm_start import adapted_parameters, read_adaptation
@@ -77,6 +78,7 @@ def sample(
     adapted_from: Any = None,
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
+    store: str | os.PathLike | None = None,
 ) -> Any:
     """Draw from a log density with HMC or NUTS; return an ArviZ ``DataTree``.
 
@@ -139,6 +141,10 @@ def sample(
         :mod:`hmc.checkpoint`.
     checkpoint_every : int, optional
         Iterations between checkpoints.
+    store : path, optional
+        Stream the draws to this netCDF file as they come, chunk by chunk (an existing
+        file is replaced), and return the file opened lazily: memory holds one chunk
+        however long the run (:mod:`hmc.store`). Not yet with ``checkpoint``.
     engine : "auto", "numpy" or "torch"
         Where the sampler's own arithmetic runs (:mod:`hmc.arrays`): ``"auto"`` picks
         NumPy on the CPU and torch on other devices, once per run, whatever the number of
@@ -188,6 +194,7 @@ def sample(
         batched=batched,
         checkpoint=checkpoint,
         checkpoint_every=checkpoint_every,
+        store=store,
     )
     if checkpoint is not None and checkpoint_every is None:
         checkpoint_every = DEFAULT_CHECKPOINT_EVERY
@@ -258,9 +265,11 @@ def sample(
                 trajectory_length=as_arrays(params.trajectory_length),
             )
             adapter = dataclasses.replace(adapter, schedule=as_arrays(adapter.schedule))
-        recorder = Recorder(chains, warmup, draws, dim, save_warmup, state.position)
+        recorder = _recorder(
+            store, target, chains, warmup, draws, dim, save_warmup, state.position, device
+        )
         if resume is not None:
-            recorder.restore(resume.positions, resume.stats, resume.divergences)
+            recorder.restore(resume.positions, resume.stats, resume.divergences, resume.iteration)
         save = None
         if checkpoint is not None:
             save = functools.partial(
@@ -284,6 +293,7 @@ def sample(
     finally:
         if bar is not None:
             bar.close()
+    recorder.flush(int(completed.min()))  # what every chain completed, when interrupted
     finished = time.perf_counter()
     if completed.min() < warmup + draws and checkpoint is not None and os.path.exists(checkpoint):
         warnings.warn(
@@ -316,6 +326,14 @@ def sample(
         adapt=settings.adapt,
         restarted_chains=_restarted(adaptation),
     )
+    inverse_metric = params.metric.inverse.numpy(force=True)
+    if isinstance(recorder.store, NetcdfStore):
+        tree = recorder.store.finish(attrs, adaptation_group(as_tensors(params)))
+        stats = tree["sample_stats"]
+        checked = ("diverging", "reached_max_treedepth", "tree_depth")
+        stats = {name: stats[name].values for name in checked if name in stats}
+        warn_about_run(stats, inverse_metric, attrs["restarted_chains"], tree["posterior"])
+        return tree
     kept = slice(recorder.kept - draws, recorder.kept - draws + kept_count)
     draws_array = recorder.draws(kept)
     warmup_groups = {}
@@ -329,9 +347,7 @@ def sample(
         }
     dims, coords = target.dims_and_coords()
     stats = recorder.stats(kept)
-    warn_about_run(
-        stats, params.metric.inverse.numpy(force=True), attrs["restarted_chains"], draws_array
-    )
+    warn_about_run(stats, inverse_metric, attrs["restarted_chains"], draws_array)
     tree = to_datatree(
         target.posterior(draws_array),
         stats,
@@ -368,6 +384,32 @@ def resume(
     return sample(
         log_prob, **as_saved, kernel=kernel, dtype=dtype, progress=progress, checkpoint=checkpoint
     )
+
+
+def _recorder(
+    store: str | os.PathLike | None,
+    target: Target,
+    chains: int,
+    warmup: int,
+    draws: int,
+    dim: int,
+    save_warmup: bool,
+    like: torch.Tensor | np.ndarray,
+    device: torch.device,
+) -> Recorder:
+    """The run's recorder: streaming to the file ``store``, streaming to host memory from
+    a device other than the CPU, else holding the whole run (:mod:`hmc.store`)."""
+    sizes = (chains, warmup, draws, dim, save_warmup, like)
+    if store is None and device.type == "cpu":
+        return Recorder(*sizes)
+    offset = 0 if save_warmup else warmup
+    if store is None:
+        dtype = np.dtype(str(like.dtype).removeprefix("torch."))
+        sink = HostStore(chains, warmup + draws - offset, dim, dtype)
+    else:
+        sink = NetcdfStore(store, target, warmup, offset)
+    chunk = chunk_iterations(chains, dim, like.dtype.itemsize)
+    return Recorder(*sizes, store=sink, chunk=chunk)
 
 
 def _adapter(settings: Any, potential: Potential) -> StanWarmup | EnsembleWarmup:

@@ -44,7 +44,7 @@ def to_datatree(
         groups["warmup_posterior"] = warmup_posterior
         groups["warmup_sample_stats"] = warmup_sample_stats or {}
     groups.update(extra_groups or {})
-    clean = {key: _netcdf_value(value) for key, value in (attrs or {}).items()}
+    clean = {key: netcdf_value(value) for key, value in (attrs or {}).items()}
     group_attrs = {name: clean for name in groups if name in ("posterior", "sample_stats")}
     with warnings.catch_warnings():  # many short chains are a recipe here, not a mistake
         warnings.filterwarnings("ignore", "Found chain dimension to be longer than draw")
@@ -57,7 +57,7 @@ def to_datatree(
         )
 
 
-def _netcdf_value(value: Any) -> Any:
+def netcdf_value(value: Any) -> Any:
     if isinstance(value, bool):
         return int(value)
     if value is None or isinstance(value, dict):

@@ -1,0 +1,152 @@
+"""Where a run's draws go as they come: host memory, or a netCDF file.
+
+A streaming :class:`hmc.recorder.Recorder` keeps one chunk of iterations in its buffers and
+sends each complete chunk here:
+
+- :class:`HostStore`: NumPy arrays of the whole run in host memory. A run on an
+  accelerator uses it, so the device holds one chunk of draws, not the run.
+- :class:`NetcdfStore` (``hmc.sample(..., store=PATH)``): each chunk is appended to a
+  netCDF file (HDF5, through ``h5netcdf``) with the groups and names of the DataTree that
+  :func:`hmc.sample` returns, so memory holds one chunk whatever the length of the run. At
+  the end the run's attrs and its ``adaptation`` group are written and ``hmc.sample``
+  returns the file opened lazily (``xarray.open_datatree``): a run larger than memory
+  completes and opens with ArviZ. Between chunks the file is closed, so a run that dies
+  leaves the draws of its complete chunks readable (the end's attrs missing); the
+  checkpoint (``checkpoint=``) is what resumes a run.
+
+:data:`STREAM_BYTES` sets the chunk: as many iterations as fit in it, at least
+:data:`MIN_CHUNK`. Every chain waits for the others at each chunk's end.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from hmc.target import Target
+from hmc.to_arviz import netcdf_value, to_datatree
+
+__all__ = ["MIN_CHUNK", "STREAM_BYTES", "HostStore", "NetcdfStore", "chunk_iterations"]
+
+#: the most a streaming recorder buffers per chunk, in bytes
+STREAM_BYTES = 64 * 2**20
+#: the fewest iterations in a chunk (every chain waits for the others at each chunk's end)
+MIN_CHUNK = 20
+
+
+def chunk_iterations(chains: int, dim: int, itemsize: int) -> int:
+    """Iterations per chunk for ``chains`` chains of dimension ``dim``: those whose draws
+    and statistics fit in :data:`STREAM_BYTES`, at least :data:`MIN_CHUNK`."""
+    per_iteration = chains * (dim * itemsize + 12 * 8)
+    return max(MIN_CHUNK, STREAM_BYTES // per_iteration)
+
+
+class HostStore:
+    """The kept iterations of every chain in host memory: ``positions`` ``(C, kept + 1,
+    D)`` and ``stats`` ``name -> (C, kept + 1)`` (the recorder's layout, spare column
+    included), filled chunk by chunk."""
+
+    def __init__(self, chains: int, kept: int, dim: int, dtype: np.dtype) -> None:
+        self.positions = np.zeros((chains, kept + 1, dim), dtype=dtype)
+        self.stats: dict[str, np.ndarray] = {}
+
+    def append(self, first: int, positions: np.ndarray, stats: dict[str, np.ndarray]) -> None:
+        count = positions.shape[1]
+        self.positions[:, first : first + count] = positions
+        for name, value in stats.items():
+            if name not in self.stats:
+                self.stats[name] = np.zeros(self.positions.shape[:2], dtype=value.dtype)
+            self.stats[name][:, first : first + count] = value
+
+
+class NetcdfStore:
+    """A run's DataTree written to the netCDF file ``path`` chunk by chunk.
+
+    The draws and statistics of the kept iterations go to ``posterior`` and
+    ``sample_stats`` (``warmup_posterior``, ``warmup_sample_stats`` for the warmup's, from
+    ``offset = 0``), with the ``target``'s further groups; the ``draw`` dimension of each
+    grows with every chunk.
+    """
+
+    def __init__(self, path: str | os.PathLike, target: Target, warmup: int, offset: int) -> None:
+        self.path = os.fspath(path)
+        self.target = target
+        self.warmup = warmup
+        self.offset = offset
+        self.dims, self.coords = target.dims_and_coords()
+        self.groups: set[str] = set()  # those in the file
+        if os.path.exists(self.path):
+            os.remove(self.path)  # a previous file of that name is replaced, as by to_netcdf
+
+    def append(self, first: int, positions: np.ndarray, stats: dict[str, np.ndarray]) -> None:
+        split = int(np.clip(self.warmup - (first + self.offset), 0, positions.shape[1]))
+        if split:
+            self._write(positions[:, :split], _columns(stats, 0, split), warmup=True)
+        if split < positions.shape[1]:
+            self._write(positions[:, split:], _columns(stats, split, None), warmup=False)
+
+    def _write(self, positions: np.ndarray, stats: dict[str, np.ndarray], warmup: bool) -> None:
+        """Append a chunk's groups, made by the code that makes the in-memory DataTree."""
+        import h5netcdf
+
+        target = self.target
+        extra = {} if warmup else target.extra_groups(positions)
+        tree = to_datatree(
+            target.posterior(positions),
+            stats,
+            extra_groups=extra,
+            dims=self.dims,
+            coords=self.coords,
+        )
+        prefix = "warmup_" if warmup else ""
+        datasets = {
+            (prefix + node.name): node.to_dataset(inherit=False) for node in tree.children.values()
+        }
+        new = {name: ds for name, ds in datasets.items() if name not in self.groups}
+        for name, dataset in new.items():
+            dataset.attrs = {}
+            has_draw = "draw" in dataset.dims
+            dataset.to_netcdf(
+                self.path,
+                mode="a" if self.groups else "w",
+                group=name,
+                engine="h5netcdf",
+                unlimited_dims=["draw"] if has_draw else None,
+            )
+            self.groups.add(name)
+        later = {name: ds for name, ds in datasets.items() if name not in new and "draw" in ds.dims}
+        if not later:
+            return
+        with h5netcdf.File(self.path, "a") as file:
+            for name, dataset in later.items():
+                group = file[name]
+                start = group.dimensions["draw"].size
+                count = dataset.sizes["draw"]
+                group.resize_dimension("draw", start + count)
+                group.variables["draw"][start:] = np.arange(start, start + count)
+                for variable_name, variable in dataset.data_vars.items():
+                    axis = variable.dims.index("draw")
+                    where = (slice(None),) * axis + (slice(start, start + count),)
+                    group.variables[variable_name][where] = variable.values
+
+    def finish(self, attrs: dict[str, Any], adaptation: Any) -> Any:
+        """Write the run's ``attrs`` (on the root, ``posterior`` and ``sample_stats``, as
+        in memory) and its ``adaptation`` DataTree; return the file opened lazily."""
+        import h5netcdf
+        import xarray
+
+        adaptation.to_dataset().to_netcdf(
+            self.path, mode="a", group="adaptation", engine="h5netcdf"
+        )
+        clean = {key: netcdf_value(value) for key, value in attrs.items()}
+        with h5netcdf.File(self.path, "a") as file:
+            for group in (file, *(file[g] for g in ("posterior", "sample_stats") if g in file)):
+                for key, value in clean.items():
+                    group.attrs[key] = np.asarray(value) if isinstance(value, list) else value
+        return xarray.open_datatree(self.path, engine="h5netcdf")
+
+
+def _columns(stats: dict[str, np.ndarray], start: int, stop: int | None) -> dict[str, np.ndarray]:
+    return {name: value[:, start:stop] for name, value in stats.items()}

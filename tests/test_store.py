@@ -1,0 +1,180 @@
+"""Draws streamed as they come: ``hmc.sample(..., store=PATH)`` writes the DataTree to a
+netCDF file chunk by chunk and returns it opened lazily, with the same groups, names and
+values as the run in memory; a streaming recorder sends host memory the same draws as
+one that holds the whole run (what a run on an accelerator uses)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+import pytest
+import torch
+
+import hmc
+import hmc.run_warnings
+import hmc.store
+from hmc.recorder import Recorder
+from hmc.store import HostStore
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 7 iterations, so that every run below flushes many times."""
+    monkeypatch.setattr(hmc.store, "STREAM_BYTES", 1)
+    monkeypatch.setattr(hmc.store, "MIN_CHUNK", 7)
+
+
+def standard_normal(q):
+    return -0.5 * (q**2).sum(-1)
+
+
+def assert_same_tree(memory, stored, exact):
+    """Every group, variable, dtype and coordinate of ``memory`` is in ``stored`` with the
+    same values (to rounding unless ``exact``)."""
+    assert sorted(memory.children) == sorted(stored.children)
+    for group in memory.children:
+        a, b = memory[group].to_dataset(), stored[group].to_dataset()
+        assert dict(a.sizes) == dict(b.sizes), group
+        for name in [*a.data_vars, *a.coords]:
+            x, y = a[name].values, b[name].values
+            assert x.dtype == y.dtype, (group, name)
+            if exact or x.dtype.kind not in "fc":
+                np.testing.assert_array_equal(x, y, err_msg=f"{group}/{name}")
+            else:
+                np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=f"{group}/{name}")
+
+
+@pytest.mark.parametrize("save_warmup", [False, True])
+def test_static_hmc_stores_exactly_the_run_in_memory(small_chunks, tmp_path, save_warmup):
+    """Static HMC finishes every chain at every call, so the chunk stops change nothing:
+    the file holds the in-memory run bit for bit, attrs included."""
+    options = dict(dim=3, chains=3, warmup=60, draws=40, seed=2, progress=False)
+    options.update(kernel=hmc.HMC(num_steps=4), save_warmup=save_warmup, batched=True)
+    memory = hmc.sample(standard_normal, **options)
+    stored = hmc.sample(standard_normal, store=tmp_path / "run.nc", **options)
+    assert_same_tree(memory, stored, exact=True)
+    for key in ("seed", "kernel", "n_gradient_evaluations", "tuning_steps", "interrupted"):
+        assert stored.attrs[key] == memory.attrs[key]
+        assert stored["posterior"].attrs[key] == memory["posterior"].attrs[key]
+
+
+def test_nuts_on_a_model_stores_every_group(small_chunks, tmp_path):
+    """NUTS chains wait for each other at each chunk's end (the batch of a gradient then
+    changes, hence rounding differences); a model's constrained variables, string
+    coordinates, observed data and pointwise log-likelihood are all there."""
+    model = hmc.models.load("eight_schools_noncentered")
+    options = dict(chains=2, warmup=40, draws=30, seed=3, progress=False)
+    memory = hmc.sample(model, **options)
+    stored = hmc.sample(model, store=tmp_path / "run.nc", **options)
+    assert {"log_likelihood", "observed_data"} <= set(stored.children)
+    assert stored["posterior"]["school"].values.tolist()[0] == "Choate"
+    assert_same_tree(memory, stored, exact=False)
+
+
+def test_pooled_warmup_stores_only_the_warmup_iterations_run(small_chunks, tmp_path):
+    """ChEES's pooled warmup stops early; the warmup groups hold the iterations run (the
+    skipped ones are left out, as in memory)."""
+    options = dict(dim=3, chains=16, draws=30, seed=3, progress=False, kernel="chees")
+    memory = hmc.sample(standard_normal, save_warmup=True, **options)
+    stored = hmc.sample(standard_normal, save_warmup=True, store=tmp_path / "r.nc", **options)
+    assert memory.attrs["tuning_steps"] < 1000  # it did stop early
+    assert stored["warmup_posterior"].sizes["draw"] == memory.attrs["tuning_steps"]
+    assert_same_tree(memory, stored, exact=True)
+
+
+def test_stored_run_opens_with_arviz_and_warns_about_unsettled_coordinates(tmp_path):
+    """The unsettled-coordinate check reads the stored posterior a block at a time and
+    names its coordinates; the file reads back with ArviZ."""
+    import arviz
+
+    path = tmp_path / "flat.nc"
+    with pytest.warns(
+        RuntimeWarning, match=r"1 of 2 coordinates \(of the stored posterior: x\[1\]\)"
+    ):
+        hmc.sample(
+            lambda q: -0.5 * q[..., 0] ** 2, dim=2, chains=4, warmup=150, draws=150,
+            batched=True, seed=1, progress=False, kernel=hmc.NUTS(max_tree_depth=5),
+            store=path,
+        )  # fmt: skip
+    tree = arviz.from_netcdf(path)
+    assert tree["posterior"]["x"].shape == (4, 150, 2)
+    assert np.isfinite(tree["sample_stats"]["lp"].values).all()
+
+
+def test_interrupted_stored_run_keeps_the_draws_every_chain_completed(small_chunks, tmp_path):
+    """Ctrl-C mid-sampling: the file holds the draws every chain completed, the complete
+    chunks and the part of the last one, and the attrs say it was interrupted."""
+    calls = [0]
+
+    def log_prob(q):
+        calls[0] += 1
+        if calls[0] == 203:
+            raise KeyboardInterrupt
+        return standard_normal(q)
+
+    options = dict(dim=2, chains=2, warmup=20, draws=300, seed=4, progress=False, batched=True)
+    options.update(kernel=hmc.HMC(num_steps=1), compile=False)
+    with pytest.warns(RuntimeWarning, match="sampling interrupted"):
+        stored = hmc.sample(log_prob, store=tmp_path / "cut.nc", **options)
+    kept = stored["posterior"].sizes["draw"]
+    assert 0 < kept < 300 and kept % 7 != 0  # (not a whole number of chunks)
+    assert stored.attrs["interrupted"] == 1
+    full = hmc.sample(standard_normal, **options)
+    np.testing.assert_array_equal(
+        stored["posterior"]["x"].values, full["posterior"]["x"].values[:, :kept]
+    )
+
+
+def test_store_argument_errors(tmp_path):
+    run = dict(dim=2, chains=1, warmup=5, draws=5, progress=False)
+    with pytest.raises(TypeError, match="store must be a file path"):
+        hmc.sample(standard_normal, store=3, **run)
+    with pytest.raises(ValueError, match="store="):
+        hmc.sample(standard_normal, store=tmp_path / "missing" / "x.nc", **run)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        hmc.sample(standard_normal, store=tmp_path / "x.nc", checkpoint=tmp_path / "c", **run)
+
+
+def test_streaming_recorder_sends_host_memory_the_same_draws():
+    """A recorder with chunks of 2 iterations, its chains finishing at different calls,
+    ends with the same draws and statistics in host memory as one that holds the run; its
+    per-chain sums (the progress bar's) count every iteration recorded."""
+    Info = namedtuple("Info", "diverging n_steps")
+    chains, dim, warmup, draws = 3, 2, 2, 6
+    like = torch.zeros(chains, dim, dtype=torch.float64)
+    whole = Recorder(chains, warmup, draws, dim, True, like)
+    store = HostStore(chains, warmup + draws, dim, np.dtype("float64"))
+    chunked = Recorder(chains, warmup, draws, dim, True, like, store=store, chunk=2)
+    assert chunked.ends(0, warmup + draws) == [2, 4, 6]
+    rng = np.random.default_rng(1)
+    iteration = torch.zeros(chains, dtype=torch.int64)
+    stops = [2, 4, 6, 8]
+    while stops:
+        done = torch.as_tensor(rng.random(chains) < 0.5) & (iteration < stops[0])
+        position = torch.as_tensor(rng.normal(size=(chains, dim)))
+        state = hmc.State(position, -position.sum(-1), position)
+        info = Info(torch.as_tensor(rng.random(chains) < 0.3), torch.as_tensor([1, 2, 3]))
+        for recorder in (whole, chunked):
+            recorder.write(done, iteration, state, info, torch.full((chains,), 0.5))
+        iteration = iteration + done
+        if (iteration == stops[0]).all():
+            chunked.flush(stops.pop(0))
+    window = slice(0, warmup + draws)
+    np.testing.assert_array_equal(whole.draws(window), chunked.draws(window))
+    for name, value in whole.stats(window).items():
+        np.testing.assert_array_equal(value, chunked.stats(window)[name])
+        np.testing.assert_allclose(value.sum(1), chunked.chain_sums(name), rtol=1e-12)
+    assert int(whole.divergences) == int(chunked.divergences)
+
+
+def test_a_run_off_the_cpu_streams_to_host_memory(small_chunks):
+    """The sampler's recorder for a device other than the CPU holds chunks and sends them
+    to host memory (checked without a GPU: the choice depends on the device's type)."""
+    from hmc.sampler import _recorder
+
+    like = torch.zeros(4, 3, dtype=torch.float32)
+    on_gpu = _recorder(None, None, 4, 10, 5000, 3, False, like, torch.device("cuda"))
+    assert isinstance(on_gpu.store, HostStore) and on_gpu.chunk == 7
+    assert on_gpu.store.positions.dtype == np.float32
+    assert _recorder(None, None, 4, 10, 5000, 3, False, like, torch.device("cpu")).store is None
