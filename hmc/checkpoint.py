@@ -16,8 +16,8 @@ wait changes no draw). A checkpoint holds, as plain tensors, numbers and strings
   (co)variance estimates or pooled moments, the step-size search's counters, the pooled
   warmup's recent log densities, trajectory-length optimiser and restarted chains), with
   the warmup iterations its early stop skipped;
-- the draws and statistics recorded so far, the divergences counted, the gradient
-  evaluations and the time spent.
+- the draws and statistics recorded so far (none with ``store=PATH``: the file holds
+  them), the divergences counted, the gradient evaluations and the time spent.
 
 A checkpoint is written to a temporary file beside ``PATH``, flushed to disk and renamed,
 so a run killed while writing leaves the previous checkpoint whole. It is read with

@@ -34,6 +34,17 @@ class Store(Protocol):
         ``(C, n, D)`` and each statistic ``(C, n)``."""
         ...
 
+    def held(self) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+        """What a checkpoint must hold of the draws so far (None: the store keeps them)."""
+        ...
+
+    def restore(
+        self, positions: np.ndarray, stats: dict[str, np.ndarray], iteration: int
+    ) -> dict[str, np.ndarray]:
+        """Go back to a checkpoint written at ``iteration`` with :meth:`held`'s arrays;
+        return each statistic's per-chain sums so far."""
+        ...
+
 
 class Recorder:
     """Draws ``(C, kept, D)`` and statistics ``(C, kept)`` of ``C`` chains.
@@ -144,11 +155,15 @@ class Recorder:
 
     def held(self) -> tuple[torch.Tensor | np.ndarray, dict[str, torch.Tensor | np.ndarray]]:
         """The positions ``(C, kept + 1, D)`` and statistics ``(C, kept + 1)`` recorded so
-        far, for a checkpoint (after a flush when streaming to host memory)."""
-        store = self.store
-        if store is None:
+        far, for a checkpoint (after a flush when streaming; none when streaming to a file,
+        which holds them)."""
+        if self.store is None:
             return self.positions, self.buffers
-        return store.positions, store.stats
+        held = self.store.held()
+        if held is None:
+            chains, _, dim = self.positions.shape
+            return np.zeros((chains, 0, dim), dtype=_numpy(self.positions[:1, :1]).dtype), {}
+        return held
 
     def restore(
         self,
@@ -162,9 +177,8 @@ class Recorder:
         self.divergences = divergences
         self.base = max(0, iteration - self.offset) if self.store is not None else 0
         if self.store is not None:
-            self.store.positions = positions.numpy()
-            self.store.stats = {name: x.numpy() for name, x in stats.items()}
-            self.sent = {name: x.numpy().sum(1) for name, x in stats.items()}
+            numpy = {name: x.numpy() for name, x in stats.items()}
+            self.sent = self.store.restore(positions.numpy(), numpy, iteration)
             return
         like = self.positions
 

@@ -144,7 +144,9 @@ def sample(
     store : path, optional
         Stream the draws to this netCDF file as they come, chunk by chunk (an existing
         file is replaced), and return the file opened lazily: memory holds one chunk
-        however long the run (:mod:`hmc.store`). Not yet with ``checkpoint``.
+        however long the run (:mod:`hmc.store`). With ``checkpoint``, the file holds the
+        draws and the checkpoint the rest; resuming cuts the file back to the
+        checkpoint's draws.
     engine : "auto", "numpy" or "torch"
         Where the sampler's own arithmetic runs (:mod:`hmc.arrays`): ``"auto"`` picks
         NumPy on the CPU and torch on other devices, once per run, whatever the number of
@@ -212,6 +214,8 @@ def sample(
     )
     if settings.adapt != "stan":  # (checkpoints of Stan's warmup name no adaptation)
         identity["adapt"] = settings.adapt
+    if store is not None:
+        identity["store"] = os.fspath(store)
     if saved is not None:
         _check_same_run(checkpoint, saved["settings"], identity)
     target = as_target(log_prob, dim, batched)
@@ -266,7 +270,7 @@ def sample(
             )
             adapter = dataclasses.replace(adapter, schedule=as_arrays(adapter.schedule))
         recorder = _recorder(
-            store, target, chains, warmup, draws, dim, save_warmup, state.position, device
+            store, target, chains, warmup, draws, dim, save_warmup, state.position, device, resume
         )
         if resume is not None:
             recorder.restore(resume.positions, resume.stats, resume.divergences, resume.iteration)
@@ -396,9 +400,11 @@ def _recorder(
     save_warmup: bool,
     like: torch.Tensor | np.ndarray,
     device: torch.device,
+    resume: Snapshot | None = None,
 ) -> Recorder:
     """The run's recorder: streaming to the file ``store``, streaming to host memory from
-    a device other than the CPU, else holding the whole run (:mod:`hmc.store`)."""
+    a device other than the CPU, else holding the whole run (:mod:`hmc.store`); going on
+    from the checkpoint's snapshot ``resume`` when there is one."""
     sizes = (chains, warmup, draws, dim, save_warmup, like)
     if store is None and device.type == "cpu":
         return Recorder(*sizes)
@@ -407,7 +413,8 @@ def _recorder(
         dtype = np.dtype(str(like.dtype).removeprefix("torch."))
         sink = HostStore(chains, warmup + draws - offset, dim, dtype)
     else:
-        sink = NetcdfStore(store, target, warmup, offset)
+        skipped = None if resume is None else resume.skipped
+        sink = NetcdfStore(store, target, warmup, offset, resume is not None, skipped)
     chunk = chunk_iterations(chains, dim, like.dtype.itemsize)
     return Recorder(*sizes, store=sink, chunk=chunk)
 

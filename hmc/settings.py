@@ -121,7 +121,7 @@ def validate(**kw: Any) -> Settings:
     if kw["dim"] is not None and (not _is_int(kw["dim"]) or kw["dim"] < 1):
         raise ValueError(f"dim must be a positive integer, got {kw['dim']!r}")
     _check_checkpoint(kw["checkpoint"], kw["checkpoint_every"])
-    _check_store(kw["store"], kw["checkpoint"])
+    _check_store(kw["store"])
     for name in ("save_warmup", "batched"):
         if not isinstance(kw[name], bool | np.bool_):
             raise TypeError(f"{name} must be True or False, got {kw[name]!r}")
@@ -181,19 +181,13 @@ def _check_checkpoint(path: Any, every: Any) -> None:
     check_writable_file(path, "checkpoint")
 
 
-def _check_store(path: Any, checkpoint: Any) -> None:
-    """A store's path must be a file name in a writable folder, for now without a
-    checkpoint."""
+def _check_store(path: Any) -> None:
+    """A store's path must be a file name in a writable folder."""
     if path is None:
         return
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"store must be a file path, got {type(path).__name__}")
     check_writable_file(path, "store")
-    if checkpoint is not None:
-        raise ValueError(
-            "store= and checkpoint= cannot be combined yet: a checkpoint holds the draws "
-            "so far, which a store keeps in its file; pass one of them"
-        )
 
 
 def _device(device: Any) -> torch.device:

@@ -11,8 +11,9 @@ sends each complete chunk here:
   the end the run's attrs and its ``adaptation`` group are written and ``hmc.sample``
   returns the file opened lazily (``xarray.open_datatree``): a run larger than memory
   completes and opens with ArviZ. Between chunks the file is closed, so a run that dies
-  leaves the draws of its complete chunks readable (the end's attrs missing); the
-  checkpoint (``checkpoint=``) is what resumes a run.
+  leaves the draws of its complete chunks readable (the end's attrs missing). With
+  ``checkpoint=`` as well, the checkpoint holds everything but the draws; resuming cuts
+  the file back to the draws it held at the checkpoint and goes on.
 
 :data:`STREAM_BYTES` sets the chunk: as many iterations as fit in it, at least
 :data:`MIN_CHUNK`. Every chain waits for the others at each chunk's end.
@@ -60,6 +61,15 @@ class HostStore:
                 self.stats[name] = np.zeros(self.positions.shape[:2], dtype=value.dtype)
             self.stats[name][:, first : first + count] = value
 
+    def held(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        return self.positions, self.stats
+
+    def restore(
+        self, positions: np.ndarray, stats: dict[str, np.ndarray], iteration: int
+    ) -> dict[str, np.ndarray]:
+        self.positions, self.stats = positions, stats
+        return {name: value.sum(1) for name, value in stats.items()}
+
 
 class NetcdfStore:
     """A run's DataTree written to the netCDF file ``path`` chunk by chunk.
@@ -67,18 +77,72 @@ class NetcdfStore:
     The draws and statistics of the kept iterations go to ``posterior`` and
     ``sample_stats`` (``warmup_posterior``, ``warmup_sample_stats`` for the warmup's, from
     ``offset = 0``), with the ``target``'s further groups; the ``draw`` dimension of each
-    grows with every chunk.
+    grows with every chunk. An existing file is replaced, unless the run resumes from a
+    checkpoint (``resuming``, with the warmup iterations its early stop ``skipped``;
+    :meth:`restore` cuts the file back to the draws it held then).
     """
 
-    def __init__(self, path: str | os.PathLike, target: Target, warmup: int, offset: int) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        target: Target,
+        warmup: int,
+        offset: int,
+        resuming: bool = False,
+        skipped: tuple[int, int] | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         self.target = target
         self.warmup = warmup
         self.offset = offset
         self.dims, self.coords = target.dims_and_coords()
         self.groups: set[str] = set()  # those in the file
-        if os.path.exists(self.path):
-            os.remove(self.path)  # a previous file of that name is replaced, as by to_netcdf
+        self.skipped = skipped  # (resuming) the warmup iterations no chain ran
+        if not resuming and os.path.exists(self.path):
+            os.remove(self.path)
+
+    def held(self) -> None:
+        return None  # the file holds the draws
+
+    def restore(
+        self, positions: np.ndarray, stats: dict[str, np.ndarray], iteration: int
+    ) -> dict[str, np.ndarray]:
+        """Cut the file back to the draws of the first ``iteration`` iterations (a later
+        chunk or the end's ``adaptation`` group may have been written after the
+        checkpoint); return each statistic's per-chain sums over what it keeps."""
+        import h5py
+
+        ran = np.arange(min(iteration, self.warmup))
+        if self.skipped is not None:
+            ran = ran[(ran < self.skipped[0]) | (ran >= self.skipped[1])]
+        sizes = {"warmup": ran.size if self.offset == 0 else 0, "": max(0, iteration - self.warmup)}
+        if not os.path.exists(self.path):
+            if any(sizes.values()):
+                raise ValueError(f"store={self.path!r} is missing: it held the draws so far")
+            return {}
+        sums: dict[str, np.ndarray] = {}
+        with h5py.File(self.path, "a") as file:
+            if "adaptation" in file:
+                del file["adaptation"]
+            self.groups = set(file)
+        with h5netcdf_file(self.path) as file:
+            for name in self.groups:
+                group = file[name]
+                if "draw" not in group.dimensions:
+                    continue
+                size = sizes["warmup" if name.startswith("warmup_") else ""]
+                if group.dimensions["draw"].size < size:
+                    raise ValueError(
+                        f"store={self.path!r} holds fewer draws than its run's checkpoint "
+                        f"({group.dimensions['draw'].size} in {name!r}, {size} expected)"
+                    )
+                group.resize_dimension("draw", size)
+                if name.endswith("sample_stats"):
+                    for stat, variable in group.variables.items():
+                        if variable.dimensions == ("chain", "draw"):
+                            value = np.asarray(variable[:, :size]).sum(1)
+                            sums[stat] = sums.get(stat, 0) + value
+        return sums
 
     def append(self, first: int, positions: np.ndarray, stats: dict[str, np.ndarray]) -> None:
         split = int(np.clip(self.warmup - (first + self.offset), 0, positions.shape[1]))
@@ -89,8 +153,6 @@ class NetcdfStore:
 
     def _write(self, positions: np.ndarray, stats: dict[str, np.ndarray], warmup: bool) -> None:
         """Append a chunk's groups, made by the code that makes the in-memory DataTree."""
-        import h5netcdf
-
         target = self.target
         extra = {} if warmup else target.extra_groups(positions)
         tree = to_datatree(
@@ -110,7 +172,7 @@ class NetcdfStore:
             has_draw = "draw" in dataset.dims
             dataset.to_netcdf(
                 self.path,
-                mode="a" if self.groups else "w",
+                mode="a" if os.path.exists(self.path) else "w",
                 group=name,
                 engine="h5netcdf",
                 unlimited_dims=["draw"] if has_draw else None,
@@ -119,7 +181,7 @@ class NetcdfStore:
         later = {name: ds for name, ds in datasets.items() if name not in new and "draw" in ds.dims}
         if not later:
             return
-        with h5netcdf.File(self.path, "a") as file:
+        with h5netcdf_file(self.path) as file:
             for name, dataset in later.items():
                 group = file[name]
                 start = group.dimensions["draw"].size
@@ -134,18 +196,24 @@ class NetcdfStore:
     def finish(self, attrs: dict[str, Any], adaptation: Any) -> Any:
         """Write the run's ``attrs`` (on the root, ``posterior`` and ``sample_stats``, as
         in memory) and its ``adaptation`` DataTree; return the file opened lazily."""
-        import h5netcdf
         import xarray
 
         adaptation.to_dataset().to_netcdf(
             self.path, mode="a", group="adaptation", engine="h5netcdf"
         )
         clean = {key: netcdf_value(value) for key, value in attrs.items()}
-        with h5netcdf.File(self.path, "a") as file:
+        with h5netcdf_file(self.path) as file:
             for group in (file, *(file[g] for g in ("posterior", "sample_stats") if g in file)):
                 for key, value in clean.items():
                     group.attrs[key] = np.asarray(value) if isinstance(value, list) else value
         return xarray.open_datatree(self.path, engine="h5netcdf")
+
+
+def h5netcdf_file(path: str) -> Any:
+    """The netCDF file at ``path``, open to append."""
+    import h5netcdf
+
+    return h5netcdf.File(path, "a")
 
 
 def _columns(stats: dict[str, np.ndarray], start: int, stop: int | None) -> dict[str, np.ndarray]:

@@ -5,8 +5,14 @@ one that holds the whole run (what a run on an accelerator uses)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 from collections import namedtuple
 
+import h5netcdf
 import numpy as np
 import pytest
 import torch
@@ -14,6 +20,7 @@ import torch
 import hmc
 import hmc.run_warnings
 import hmc.store
+from hmc.checkpoint import read_checkpoint
 from hmc.recorder import Recorder
 from hmc.store import HostStore
 
@@ -126,14 +133,76 @@ def test_interrupted_stored_run_keeps_the_draws_every_chain_completed(small_chun
     )
 
 
+CHECKPOINTED = dict(dim=3, chains=3, warmup=50, draws=100, seed=5, batched=True, progress=False)
+CHECKPOINTED.update(save_warmup=True, checkpoint_every=20, compile=False)
+
+KILLED_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    import hmc, hmc.store
+
+    hmc.store.STREAM_BYTES, hmc.store.MIN_CHUNK = 1, 7
+    append = hmc.store.NetcdfStore.append
+
+    def append_then_die(self, first, positions, stats):
+        append(self, first, positions, stats)
+        if first >= 120:  # draws in the file past the checkpoint at 120
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    hmc.store.NetcdfStore.append = append_then_die
+    hmc.sample(lambda q: -0.5 * (q**2).sum(-1), checkpoint=sys.argv[1], store=sys.argv[2],
+               **eval(sys.argv[3]))
+    """
+)
+
+
+def test_a_stored_run_resumes_from_its_checkpoint_to_the_uninterrupted_file(small_chunks, tmp_path):
+    """Killed (SIGKILL) with draws in the file past its last checkpoint, or interrupted
+    (Ctrl-C) after the end's groups were written: resuming cuts the file back to the
+    checkpoint's draws and ends with the file of the uninterrupted run, warmup included."""
+    whole = hmc.sample(
+        standard_normal, checkpoint=tmp_path / "w.ckpt", store=tmp_path / "w.nc", **CHECKPOINTED
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_CHILD, str(tmp_path / "k.ckpt"), str(tmp_path / "k.nc"),
+         repr(CHECKPOINTED)],
+        capture_output=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+    assert read_checkpoint(tmp_path / "k.ckpt")["iteration"] == 120
+    with h5netcdf.File(tmp_path / "k.nc", "r") as file:
+        assert file["posterior"].dimensions["draw"].size > 120 - 50
+    killed = hmc.resume(tmp_path / "k.ckpt", standard_normal)
+    assert_same_tree(whole, killed, exact=True)
+
+    after = [0]  # calls after the checkpoint at 120
+
+    def interrupting(q):
+        if (tmp_path / "i.ckpt").exists() and read_checkpoint(tmp_path / "i.ckpt")[
+            "iteration"
+        ] >= 120:
+            after[0] += 1
+            if after[0] == 60:
+                raise KeyboardInterrupt
+        return standard_normal(q)
+
+    with pytest.warns(RuntimeWarning, match="interrupted"):
+        cut = hmc.sample(
+            interrupting, checkpoint=tmp_path / "i.ckpt", store=tmp_path / "i.nc", **CHECKPOINTED
+        )
+    assert cut.attrs["interrupted"] == 1 and "adaptation" in cut.children
+    cut.close()
+    resumed = hmc.resume(tmp_path / "i.ckpt", standard_normal)
+    assert resumed.attrs["interrupted"] == 0
+    assert_same_tree(whole, resumed, exact=True)
+
+
 def test_store_argument_errors(tmp_path):
     run = dict(dim=2, chains=1, warmup=5, draws=5, progress=False)
     with pytest.raises(TypeError, match="store must be a file path"):
         hmc.sample(standard_normal, store=3, **run)
     with pytest.raises(ValueError, match="store="):
         hmc.sample(standard_normal, store=tmp_path / "missing" / "x.nc", **run)
-    with pytest.raises(ValueError, match="cannot be combined"):
-        hmc.sample(standard_normal, store=tmp_path / "x.nc", checkpoint=tmp_path / "c", **run)
 
 
 def test_streaming_recorder_sends_host_memory_the_same_draws():
