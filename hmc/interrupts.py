@@ -1,10 +1,14 @@
 """Interrupted runs keep their draws.
 
-Ctrl-C (``SIGINT``, Python's ``KeyboardInterrupt``) or ``SIGTERM`` during a run ends the
-sampling loop between two kernel calls; :func:`hmc.sample` then returns the draws every
-chain has completed, with ``attrs["interrupted"]`` set and a warning saying how many. An
+Ctrl-C (``SIGINT``) or ``SIGTERM`` during a run ends the sampling loop between two kernel
+calls (:func:`interrupt_requests`); :func:`hmc.sample` then returns the draws every chain
+has completed, with ``attrs["interrupted"]`` set and a warning saying how many. An
 interrupt before every chain has left its warmup raises ``KeyboardInterrupt`` with a
-message saying that no draws exist yet. Chains run asynchronously, so at an interrupt
+message saying that no draws exist yet. With ``checkpoint=``, the chains first finish the
+iteration in flight (those behind catch up with the furthest) and a checkpoint is written
+there, so the run resumes from the moment of the interrupt; a second signal stops at once,
+keeping the last checkpoint written. A ``KeyboardInterrupt`` raised by the user's code
+stops at once too. Chains run asynchronously, so at an interrupt
 some have completed more draws than others: the DataTree keeps the number every chain
 has (an array of draws has one length), and the warning counts the later draws of
 faster chains that this leaves out.
@@ -16,31 +20,40 @@ import contextlib
 import signal
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-__all__ = ["kept_draws", "terminate_as_interrupt"]
+__all__ = ["interrupt_requests", "kept_draws"]
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Within the block, ``SIGTERM`` raises ``KeyboardInterrupt`` as Ctrl-C does (in the
-    main thread; elsewhere signals cannot be handled and the block changes nothing). The
-    previous handler is restored afterwards."""
+def interrupt_requests() -> Iterator[Callable[[], bool]]:
+    """Within the block, the first ``SIGINT`` or ``SIGTERM`` is recorded, not raised: the
+    block gets a function saying whether one came, for the loop to read between kernel
+    calls. A second raises ``KeyboardInterrupt`` at once. In a thread other than the
+    main one signals cannot be handled: nothing is recorded and Ctrl-C raises as usual.
+    The previous handlers are restored afterwards."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: False
         return
-    previous = signal.getsignal(signal.SIGTERM)
+    received: list[int] = []
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt("SIGTERM")
+    def record(signum: int, frame: object) -> None:
+        if received:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        received.append(signum)
 
-    signal.signal(signal.SIGTERM, interrupt)
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    for signum in SIGNALS:
+        signal.signal(signum, record)
     try:
-        yield
+        yield lambda: bool(received)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def kept_draws(completed: np.ndarray, warmup: int, draws: int) -> int:

@@ -39,8 +39,10 @@ __all__ = ["Run", "Timing", "run_chains"]
 class Run(NamedTuple):
     """What the loop runs: the kernel, the energy module, the chain keys ``(C,)``, the
     numbers of warmup and kept iterations, the warmup's adapter (its schedule's masks in
-    the engine's arrays), and the checkpoints: ``checkpoint(snapshot)`` called every
-    ``checkpoint_every`` iterations and at the end of warmup (None: no checkpoints)."""
+    the engine's arrays), the checkpoints: ``checkpoint(snapshot)`` called every
+    ``checkpoint_every`` iterations and at the end of warmup (None: no checkpoints), and
+    ``interrupted()``, read between kernel calls: whether Ctrl-C or SIGTERM came
+    (:func:`hmc.interrupts.interrupt_requests`)."""
 
     kernel: Kernel
     potential: Potential
@@ -50,6 +52,7 @@ class Run(NamedTuple):
     adapter: StanWarmup | EnsembleWarmup
     checkpoint: Callable[[Snapshot], None] | None = None
     checkpoint_every: int = 0
+    interrupted: Callable[[], bool] = lambda: False
 
 
 class Timing(NamedTuple):
@@ -92,8 +95,10 @@ def run_chains(
     transition in ``recorder``. ``state``, the step sizes and ``adaptation`` are arrays of the
     run's engine (the metric is tensors); ``adaptation`` is None when nothing adapts.
 
-    A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM under :func:`hmc.interrupts.terminate_as_interrupt`)
-    ends the loop early, keeping what was recorded. ``resume``, a checkpoint's snapshot,
+    ``run.interrupted()`` (Ctrl-C or SIGTERM) ends the loop early, keeping what was
+    recorded; with checkpoints, the chains first run to one iteration past the furthest
+    one's (or to the next stop), where a checkpoint is written. A ``KeyboardInterrupt``
+    ends it at once. ``resume``, a checkpoint's snapshot,
     continues a run from there (``state``, ``params``, ``adaptation`` and ``recorder``
     already restored). Returns the final kernel parameters and adaptation state, the
     timing and the iterations each chain completed ``(C,)`` (NumPy; ``warmup + draws``
@@ -124,6 +129,7 @@ def run_chains(
     stop = stops.pop(0)  # chains wait for each other there: a checkpoint, a pooled
     # adaptation, a chunk of draws to store, or the end
     skipped = None if resume is None else resume.skipped
+    draining = False  # interrupted: running to a common iteration for a checkpoint
     phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
     warming = chains if first < warmup else 0
     counts = _Counts(False, False, False, first * chains, first, warming, chains)
@@ -182,6 +188,14 @@ def run_chains(
                 slots += counts.alive
             if progress is not None and counts.any_done:
                 progress.update(iteration, counts.total_done, recorder, params.step_size)
+            if not draining and run.interrupted():
+                if run.checkpoint is None:
+                    break
+                draining = True  # to a common iteration, for a checkpoint there
+                furthest = int(iteration.max()) + 1  # (a chain's transition in flight)
+                stop = min(stop, furthest)
+                saves.add(stop)
+                phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
             if counts.least != stop:
                 continue
             # every chain is at the stop
@@ -217,7 +231,7 @@ def run_chains(
                         skipped,
                     )
                 )
-            if stop == total:
+            if stop == total or draining:
                 break
             if stop in saves or moved or restart != stop or kernel.spans_calls:
                 kernel_state = kernel.init(latest, restart)  # else it goes on as it is

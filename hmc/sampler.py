@@ -27,7 +27,7 @@ from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors, map_record
 from hmc.checkpoint import Snapshot, read_checkpoint, write_checkpoint
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
-from hmc.interrupts import kept_draws, terminate_as_interrupt
+from hmc.interrupts import interrupt_requests, kept_draws
 from hmc.kernels.base import Kernel
 from hmc.loop import Run, run_chains
 from hmc.metric import metric_from_inverse
@@ -167,6 +167,7 @@ def sample(
         Ctrl-C or SIGTERM during sampling returns the draws every chain has completed,
         with ``attrs["interrupted"]`` set and a warning; during warmup it raises
         ``KeyboardInterrupt`` saying that no draws exist yet (:mod:`hmc.interrupts`).
+        With ``checkpoint``, a checkpoint is written where the chains stand first.
 
     Examples
     --------
@@ -221,7 +222,7 @@ def sample(
     target = as_target(log_prob, dim, batched)
     kept_iterations = draws + (warmup if save_warmup else 0)
     if target.dim is not None:  # before anything is allocated per chain
-        check_memory(metric, chains, target.dim, kept_iterations, dtype, device)
+        check_memory(metric, chains, target.dim, kept_iterations, dtype, device, store is not None)
     potential = Potential(target.log_prob, batched=target.batched, compile=settings.compile)
     bar = Progress(chains, warmup, draws) if settings.progress else None
     try:  # the bar is closed whatever happens (an error, Ctrl-C)
@@ -239,7 +240,7 @@ def sample(
             radius = DEFAULT_INIT_RADIUS if radius is None else radius
             if position is not None or target.dim is not None:  # else initial_state asks for dim
                 dim = position.shape[1] if position is not None else target.dim
-                check_memory(metric, chains, dim, kept_iterations, dtype, device)
+                check_memory(metric, chains, dim, kept_iterations, dtype, device, store is not None)
             state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
             dim = state.position.shape[1]
             if adapted_from is None:
@@ -279,9 +280,6 @@ def sample(
             save = functools.partial(
                 _save_checkpoint, checkpoint, {**identity, "dim": dim}, potential
             )
-        run = Run(
-            settings.kernel, potential, keys, warmup, draws, adapter, save, checkpoint_every or 0
-        )
         # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
         # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy
         # there is a rejection or a divergence). Ctrl-C or SIGTERM ends the loop, keeping the
@@ -289,8 +287,19 @@ def sample(
         with (
             distribution_validation_off(),
             np.errstate(over="ignore", invalid="ignore"),
-            terminate_as_interrupt(),
+            interrupt_requests() as interrupted,
         ):
+            run = Run(
+                settings.kernel,
+                potential,
+                keys,
+                warmup,
+                draws,
+                adapter,
+                save,
+                checkpoint_every or 0,
+                interrupted,
+            )
             params, adaptation, timing, completed = run_chains(
                 run, state, params, adaptation, recorder, bar, resume
             )

@@ -24,6 +24,7 @@ from hmc.kernels.chees import ChEES
 from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
 from hmc.potential import COMPILE_CHOICES
+from hmc.store import chunk_iterations
 from hmc.target import FlatTarget, Target
 
 __all__ = [
@@ -252,19 +253,29 @@ def check_memory(
     kept: int,
     dtype: torch.dtype,
     device: torch.device,
+    stored: bool = False,
 ) -> None:
     """Raise before any work when the run cannot fit in memory: the ``kept`` iterations'
-    draws and statistics (held twice while the output is built), the chains' states and
-    trees, and a dense metric's matrices, against half the memory of ``device``."""
+    draws and statistics (held twice while the output is built; one chunk on a device
+    other than the CPU, and in all when ``stored`` in a file, :mod:`hmc.store`), the
+    chains' states and trees, and a dense metric's matrices, against half the memory of
+    ``device`` (and of the host, for the draws of a run on another device)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    draws = 2 * chains * (kept + 1) * (dim * itemsize + 12 * 8)  # positions and statistics
+    per_iteration = chains * (dim * itemsize + 12 * 8)  # positions and statistics
+    all_draws = 0 if stored else 2 * (kept + 1) * per_iteration
+    chunk = min(kept, chunk_iterations(chains, dim, itemsize)) + 1
     trees = chains * dim * itemsize * (7 * 30 + 20)  # NUTS's stack at the deepest cap
     matrices = 4 * chains * dim * dim * itemsize if metric == "dense" else 0  # metric,
     # Cholesky, estimate, workspace
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if device.type == "cuda":
         available = torch.cuda.mem_get_info(device)[0]
+        draws = chunk * per_iteration
+        if all_draws > host // 2:
+            _too_many_draws(chains, dim, kept, all_draws, host, "host memory")
     else:
-        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        available = host
+        draws = all_draws or chunk * per_iteration
     if draws + trees + matrices <= available // 2:
         return
     gib = 2**30
@@ -274,9 +285,14 @@ def check_memory(
             f"dimension {dim} ({chains} x {dim} x {dim} matrices, several copies), more than "
             f"half the {available / gib:.1f} GiB available; use metric='diag'"
         )
+    _too_many_draws(chains, dim, kept, draws + trees + matrices, available, "available")
+
+
+def _too_many_draws(chains: int, dim: int, kept: int, need: int, available: int, where: str):
+    gib = 2**30
     raise ValueError(
         f"{chains} chains of dimension {dim} keeping {kept} iterations each need about "
-        f"{(draws + trees + matrices) / gib:.1f} GiB (the draws are held twice while the "
-        f"output is built), more than half the {available / gib:.1f} GiB available; run "
-        "fewer chains or draws (several shorter runs can be concatenated with ArviZ)"
+        f"{need / gib:.1f} GiB (the draws are held twice while the output is built), more "
+        f"than half the {available / gib:.1f} GiB {where}; pass store=PATH to stream the "
+        "draws to a file, or run fewer chains or draws"
     )

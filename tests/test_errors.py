@@ -306,9 +306,22 @@ def test_a_density_that_writes_to_its_input_is_named():
 )
 def test_a_run_too_large_for_memory_is_refused_before_any_work(sizes):
     log_prob = Counting()
-    with pytest.raises(ValueError, match="GiB available; run fewer chains or draws"):
+    with pytest.raises(ValueError, match=r"GiB available; pass store=PATH .* or run fewer"):
         run(log_prob, **sizes)
     assert log_prob.calls == 0
+
+
+def test_draws_streamed_to_a_file_do_not_count_against_memory():
+    """Ten billion draws of 3 coordinates do not fit in this machine's memory, but with
+    store= only a chunk is held: the check passes (no run is started here)."""
+    from hmc.settings import check_memory
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="store=PATH"):
+        check_memory("diag", 4, 3, 10**10, torch.float64, cpu)
+    check_memory("diag", 4, 3, 10**10, torch.float64, cpu, stored=True)
+    with pytest.raises(ValueError, match="GiB available"):  # the chains themselves
+        check_memory("diag", 10**9, 3, 10, torch.float64, cpu, stored=True)
 
 
 def test_a_half_precision_output_does_not_suggest_a_dtype_runs_cannot_use():

@@ -109,3 +109,65 @@ def test_interrupt_during_warmup_raises_saying_no_draws_exist():
     result = run_interrupted(signal.SIGINT, 1_000_000, 10)
     assert "during warmup: no draws exist yet" in result["raised"]
     assert "3 of 3 chains" in result["raised"]
+
+
+CHECKPOINTING_CHILD = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import hmc
+
+    ticks = [0]
+
+    def log_prob(q):  # elementwise: a row's value does not depend on the batch
+        ticks[0] += 1
+        if ticks[0] == 50:
+            print("running", flush=True)
+        return (-0.5 * q**2).sum(-1)
+
+    warnings.simplefilter("ignore")
+    try:
+        hmc.sample(log_prob, checkpoint=sys.argv[1], **eval(sys.argv[2]))
+    except KeyboardInterrupt as error:
+        print(json.dumps({"raised": str(error)}), flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_interrupt_with_a_checkpoint_writes_one_where_the_chains_stand(tmp_path):
+    """Ctrl-C during warmup, with checkpoints only at the end of warmup: the chains run to
+    a common iteration and a checkpoint is written there; resuming from it gives the
+    uninterrupted run, bit for bit."""
+    from hmc.checkpoint import read_checkpoint
+
+    settings = dict(dim=3, chains=3, warmup=1000, draws=50, seed=5, batched=True)
+    settings.update(progress=False, compile=False, checkpoint_every=5000)
+    path = tmp_path / "run.ckpt"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHECKPOINTING_CHILD, str(path), repr(settings)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline().strip() == "running", child.stderr.read()
+        time.sleep(1.0)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "no draws exist yet" in json.loads(out.strip().splitlines()[-1])["raised"], err
+    written = read_checkpoint(path)["iteration"]
+    assert 0 < written < 1000  # the interrupt's, not the end of warmup's
+
+    def log_prob(q):
+        return (-0.5 * q**2).sum(-1)
+
+    resumed = hmc.resume(path, log_prob)
+    whole = hmc.sample(log_prob, checkpoint=tmp_path / "whole.ckpt", **settings)
+    np.testing.assert_array_equal(resumed["posterior"]["x"].values, whole["posterior"]["x"].values)
+    for name in whole["sample_stats"].data_vars:
+        np.testing.assert_array_equal(
+            resumed["sample_stats"][name].values, whole["sample_stats"][name].values
+        )
