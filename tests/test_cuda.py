@@ -132,3 +132,27 @@ def test_static_hmc_does_not_wait_for_the_device():
     assert transitions == 100
     assert inside == 0
     assert syncs <= SETUP_SYNCS, syncs
+
+
+def test_device_memory_does_not_grow_with_the_run(monkeypatch):
+    """The draws leave the device chunk by chunk (chunks of 20 iterations here): ten times
+    the draws leave the device's peak allocation unchanged, within a megabyte."""
+    import hmc.store
+
+    monkeypatch.setattr(hmc.store, "STREAM_BYTES", 1)
+    dim, chains = 50, 256
+
+    def peak(draws: int) -> int:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        tree = hmc.sample(
+            diagonal_gaussian_log_prob(np.zeros(dim), np.ones(dim)), dim=dim, chains=chains,
+            warmup=0, draws=draws, kernel=hmc.HMC(num_steps=3), step_size=0.5, seed=3,
+            device="cuda", progress=False, batched=True, compile=False,
+        )  # fmt: skip
+        assert tree["posterior"]["x"].shape == (chains, draws, dim)
+        return torch.cuda.max_memory_allocated()
+
+    peak(20)
+    short, long = peak(200), peak(2000)
+    assert long - short < 2**20, (short, long)  # the added draws: 1800 x 256 x 50 x 8 = 184 MB
