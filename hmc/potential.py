@@ -72,6 +72,10 @@ class Potential:
     compile : True, False or "auto"
         Evaluate through a compiled graph (see the module docstring): from the first
         evaluation, never, or from the :data:`AUTO_COMPILE_CALLS`-th.
+    reduce : callable, optional
+        ``reduce(U, grad) -> (U, grad)`` applied to every evaluation's result (arrays of
+        the kind of ``q``, after the non-finite rows are set): a sum over the processes of
+        a group for a likelihood over sharded data (:class:`hmc.distributed.ShardedPotential`).
 
     Attributes
     ----------
@@ -104,6 +108,7 @@ class Potential:
         batched: bool = False,
         cache: MemoCache | bool | None = None,
         compile: bool | str = "auto",
+        reduce: Callable[[Any, Any], tuple[Any, Any]] | None = None,
     ) -> None:
         if not callable(log_prob):
             raise TypeError(f"log_prob must be callable, got {type(log_prob).__name__}")
@@ -116,6 +121,7 @@ class Potential:
         if not any(compile is choice for choice in COMPILE_CHOICES):
             raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
         self.log_prob = log_prob
+        self.reduce = reduce
         self.batched = bool(batched)
         self.cache: MemoCache | None = cache
         self.evaluations = 0
@@ -156,6 +162,12 @@ class Potential:
             return empty[:, 0] * 0, empty * 0
         if not self._checked:  # the first call names a wrong output (later calls trust it)
             self.check(torch.as_tensor(q).reshape(-1, q.shape[-1]))
+        U, grad = self._compiled_or_eager(q)
+        return (U, grad) if self.reduce is None else self.reduce(U, grad)
+
+    def _compiled_or_eager[A: (torch.Tensor, np.ndarray)](self, q: A) -> tuple[A, A]:
+        """This process's value and gradient, through the compiled graph once ``compile``
+        says so."""
         if self._compile is False:
             return self._value_and_grad(q)
         if q.ndim == 2:
