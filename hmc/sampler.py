@@ -26,6 +26,14 @@ from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors, map_record
 from hmc.checkpoint import Snapshot, read_checkpoint, write_checkpoint
+from hmc.distributed import (
+    ShardedPotential,
+    chain_ranks,
+    chain_share,
+    common_seed,
+    gather_chains,
+    group_ranks,
+)
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
 from hmc.interrupts import interrupt_requests, kept_draws
 from hmc.kernels.base import Kernel
@@ -201,6 +209,16 @@ def sample(
     )
     if checkpoint is not None and checkpoint_every is None:
         checkpoint_every = DEFAULT_CHECKPOINT_EVERY
+    ranks, split = group_ranks(), chain_ranks(log_prob)  # (rank, world) under torch.distributed
+    share = range(chains)  # the global indices of the chains this process runs
+    if ranks is not None:  # every rank runs with rank 0's seed, and only rank 0 shows progress
+        _check_process_group(split is not None, settings.adapt, checkpoint, store)
+        settings = settings._replace(
+            seed=common_seed(settings.seed), progress=settings.progress and ranks[0] == 0
+        )
+    if split is not None:
+        share = chain_share(chains, *split)
+    all_chains, chains = chains, len(share)
     metric, warmup, target_accept = settings.metric, settings.warmup, settings.target_accept
     adapted = None if adapted_from is None else read_adaptation(adapted_from)
     device = settings.device
@@ -211,7 +229,10 @@ def sample(
             settings = settings._replace(seed=saved["settings"]["seed"])
     identity = _run_identity(settings, warmup, draws, target_accept, step_size, dtype)
     identity.update(
-        chains=chains, save_warmup=save_warmup, batched=batched, checkpoint_every=checkpoint_every
+        chains=all_chains,
+        save_warmup=save_warmup,
+        batched=batched,
+        checkpoint_every=checkpoint_every,
     )
     if settings.adapt != "stan":  # (checkpoints of Stan's warmup name no adaptation)
         identity["adapt"] = settings.adapt
@@ -223,19 +244,24 @@ def sample(
     kept_iterations = draws + (warmup if save_warmup else 0)
     if target.dim is not None:  # before anything is allocated per chain
         check_memory(metric, chains, target.dim, kept_iterations, dtype, device, store is not None)
-    potential = Potential(target.log_prob, batched=target.batched, compile=settings.compile)
+    reduce = target.reduce if isinstance(target, ShardedPotential) else None
+    potential = Potential(
+        target.log_prob, batched=target.batched, compile=settings.compile, reduce=reduce
+    )
     bar = Progress(chains, warmup, draws) if settings.progress else None
     try:  # the bar is closed whatever happens (an error, Ctrl-C)
         if bar is not None:
             potential.on_compile = bar.compiling
-        keys = chain_keys(settings.seed, torch.arange(chains, device=device))
+        keys = chain_keys(settings.seed, torch.arange(share.start, share.stop, device=device))
         adapter = _adapter(settings, potential)
         started = time.perf_counter()
         resume = None
         if saved is None:
             radius = init_radius(init)
             position = (
-                target.initial_positions(init, chains, dtype, device) if radius is None else None
+                target.initial_positions(init, all_chains, dtype, device)[share.start : share.stop]
+                if radius is None and init is not None
+                else None
             )
             radius = DEFAULT_INIT_RADIUS if radius is None else radius
             if position is not None or target.dim is not None:  # else initial_state asks for dim
@@ -251,9 +277,10 @@ def sample(
                 )
             else:
                 steps, inverse = adapted_parameters(
-                    adapted, chains, dim, metric == "dense", dtype, device
+                    adapted, all_chains, dim, metric == "dense", dtype, device
                 )
-                params = Params(steps, metric_from_inverse(inverse))
+                rows = slice(share.start, share.stop)
+                params = Params(steps[rows], metric_from_inverse(inverse[rows]))
             tuning_started = time.perf_counter()
             adaptation = None
             if warmup > 0 or (step_size is None and adapted_from is None):
@@ -342,10 +369,7 @@ def sample(
     inverse_metric = params.metric.inverse.numpy(force=True)
     if isinstance(recorder.store, NetcdfStore):
         tree = recorder.store.finish(attrs, adaptation_group(as_tensors(params)))
-        stats = tree["sample_stats"]
-        checked = ("diverging", "reached_max_treedepth", "tree_depth")
-        stats = {name: stats[name].values for name in checked if name in stats}
-        warn_about_run(stats, inverse_metric, attrs["restarted_chains"], tree["posterior"])
+        _warn_about_tree(tree)
         return tree
     kept = slice(recorder.kept - draws, recorder.kept - draws + kept_count)
     draws_array = recorder.draws(kept)
@@ -360,7 +384,8 @@ def sample(
         }
     dims, coords = target.dims_and_coords()
     stats = recorder.stats(kept)
-    warn_about_run(stats, inverse_metric, attrs["restarted_chains"], draws_array)
+    if ranks is None or (split is None and ranks[0] == 0):  # split runs warn once gathered
+        warn_about_run(stats, inverse_metric, attrs["restarted_chains"], draws_array)
     tree = to_datatree(
         target.posterior(draws_array),
         stats,
@@ -371,7 +396,41 @@ def sample(
         **warmup_groups,
     )
     tree["adaptation"] = adaptation_group(as_tensors(params))
+    if split is not None:
+        tree = gather_chains(tree, share, all_chains)
+        if tree is not None:
+            _warn_about_tree(tree)
     return tree
+
+
+def _warn_about_tree(tree: Any) -> None:
+    """The end-of-run warnings (:func:`hmc.run_warnings.warn_about_run`) from a run's
+    DataTree."""
+    stats = tree["sample_stats"]
+    checked = ("diverging", "reached_max_treedepth", "tree_depth")
+    warn_about_run(
+        {name: stats[name].values for name in checked if name in stats},
+        tree["adaptation"]["inverse_metric"].values,
+        np.asarray(tree.attrs["restarted_chains"]),
+        tree["posterior"],
+    )
+
+
+def _check_process_group(
+    split: bool, adapt: str, checkpoint: str | os.PathLike | None, store: Any
+) -> None:
+    """Refuse what a run under a process group does not do yet, before work starts."""
+    for name, value in (("checkpoint", checkpoint), ("store", store)):
+        if value is not None:
+            raise ValueError(
+                f"{name}= is not supported under a torch.distributed process group yet "
+                "(every rank would write its own file at one path)"
+            )
+    if split and adapt == "ensemble":
+        raise ValueError(
+            "adapt='ensemble' does not pool chains across the ranks of a process group yet: "
+            "use adapt='stan' (each chain adapts on its own), or one process"
+        )
 
 
 def resume(

@@ -1,0 +1,122 @@
+"""One rank of a test run under a gloo process group on loopback (tests/test_distributed.py).
+
+``python distributed_worker.py MODE RANK WORLD PORT OUT``: MODE is ``chains`` (a
+chain-parallel static HMC run), ``gradient`` (a sharded potential's value and gradient),
+``nuts`` (a data-parallel NUTS run) or ``kill`` (a data-parallel run whose last rank dies
+mid-run). Rank 0 writes what it got to ``OUT`` (an ``.npz``); a rank that meets
+``RankFailure`` writes its message to ``OUT.rank<r>.failure``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import hmc
+from hmc.distributed import RankFailure, ShardedPotential
+
+#: the logistic regression's data: rows, coordinates, seed
+ROWS, DIM, DATA_SEED = 240, 3, 7
+
+
+def logistic_data() -> tuple[torch.Tensor, torch.Tensor]:
+    """Features ``(ROWS, DIM)`` and 0/1 outcomes ``(ROWS,)`` of a logistic regression."""
+    rng = np.random.default_rng(DATA_SEED)
+    X = rng.normal(size=(ROWS, DIM))
+    y = (rng.uniform(size=ROWS) < 1 / (1 + np.exp(-X @ np.array([1.0, -0.5, 0.25])))) * 1.0
+    return torch.from_numpy(X), torch.from_numpy(y)
+
+
+def log_prior(beta: torch.Tensor) -> torch.Tensor:
+    """Normal(0, 2) on every coefficient: ``(D,) -> ()``."""
+    return -0.125 * (beta * beta).sum()
+
+
+def log_lik(X: torch.Tensor, y: torch.Tensor):
+    """The log-likelihood of the rows ``X``, ``y`` as a function ``(D,) -> ()``."""
+
+    def shard(beta: torch.Tensor) -> torch.Tensor:
+        eta = X @ beta
+        return (y * eta - torch.nn.functional.softplus(eta)).sum()
+
+    return shard
+
+
+def elementwise(q: torch.Tensor) -> torch.Tensor:
+    """A standard normal density in each coordinate, batched: ``(C, D) -> (C,)``."""
+    return -0.5 * (q * q).sum(-1)
+
+
+def main(mode: str, rank: int, world: int, port: int, out: str) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    try:
+        result = run(mode, rank, world)
+    except RankFailure as failure:
+        with open(f"{out}.rank{rank}.failure", "w") as file:
+            file.write(str(failure))
+        os._exit(3)  # the group is broken: no orderly shutdown is possible
+    if rank == 0:
+        np.savez(out, **result)
+    dist.destroy_process_group()
+
+
+def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
+    if mode == "chains":
+        tree = hmc.sample(
+            elementwise, dim=2, chains=5, warmup=0, draws=50, kernel=hmc.HMC(num_steps=4),
+            step_size=0.3, batched=True, seed=11, progress=False, compile=False,
+        )  # fmt: skip
+        if rank != 0:
+            assert tree is None
+            return {}
+        return {
+            "x": tree["posterior"]["x"].values,
+            "chain": tree["posterior"]["chain"].values,
+            "lp": tree["sample_stats"]["lp"].values,
+            "evaluations": np.array(tree.attrs["n_gradient_evaluations"]),
+            "ranks": np.array(tree.attrs["ranks"]),
+        }
+    X, y = logistic_data()
+    rows = np.array_split(np.arange(ROWS), world)[rank]
+    shard_log_lik = log_lik(X[rows], y[rows])
+    if mode == "kill" and rank == world - 1:
+        calls = [0]
+
+        def dying(beta: torch.Tensor) -> torch.Tensor:
+            calls[0] += 1
+            if calls[0] > 300:
+                os._exit(9)  # as a SIGKILL would: no goodbye to the group
+            return shard_log_lik(beta)
+
+        target = ShardedPotential(log_prior, dying, dim=DIM)
+    else:
+        target = ShardedPotential(log_prior, shard_log_lik, dim=DIM)
+    if mode == "gradient":
+        potential = hmc.Potential(target.log_prob, reduce=target.reduce, compile=False)
+        q = torch.from_numpy(np.random.default_rng(3).normal(size=(6, DIM)))
+        U, grad = potential.value_and_grad(q)
+        return {"U": U.numpy(), "grad": grad.numpy(), "q": q.numpy()}
+    tree = hmc.sample(
+        target, chains=2, warmup=100, draws=100, seed=5, progress=False, compile=False
+    )
+    return {
+        "x": tree["posterior"]["x"].values,
+        "lp": tree["sample_stats"]["lp"].values,
+        "n_steps": tree["sample_stats"]["n_steps"].values,
+    }
+
+
+if __name__ == "__main__":
+    mode, rank, world, port, out = sys.argv[1:]
+    main(mode, int(rank), int(world), int(port), out)
