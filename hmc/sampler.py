@@ -411,7 +411,7 @@ def _warn_about_tree(tree: Any) -> None:
     warn_about_run(
         {name: stats[name].values for name in checked if name in stats},
         tree["adaptation"]["inverse_metric"].values,
-        np.asarray(tree.attrs["restarted_chains"]),
+        np.atleast_1d(tree.attrs["restarted_chains"]).astype(np.int64),  # a file's may be 0-d
         tree["posterior"],
     )
 

@@ -22,6 +22,7 @@ import hmc.run_warnings
 import hmc.store
 from hmc.checkpoint import read_checkpoint
 from hmc.recorder import Recorder
+from hmc.sampler import _warn_about_tree
 from hmc.store import HostStore
 
 
@@ -108,6 +109,10 @@ def test_stored_run_opens_with_arviz_and_warns_about_unsettled_coordinates(tmp_p
     tree = arviz.from_netcdf(path)
     assert tree["posterior"]["x"].shape == (4, 150, 2)
     assert np.isfinite(tree["sample_stats"]["lp"].values).all()
+    # a file holds one restarted chain as a 0-d attr: the warnings name it, not crash on it
+    tree.attrs["restarted_chains"] = np.int64(2)
+    with pytest.warns(RuntimeWarning, match=r"chains \[2\] stayed far below"):
+        _warn_about_tree(tree)
 
 
 def test_interrupted_stored_run_keeps_the_draws_every_chain_completed(small_chunks, tmp_path):
