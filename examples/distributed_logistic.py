@@ -3,12 +3,14 @@
     torchrun --nproc-per-node 2 examples/distributed_logistic.py chains
     torchrun --nproc-per-node 2 examples/distributed_logistic.py data
 
-``chains``: each rank runs its share of the chains on the whole data set; rank 0 prints
-the summary of all chains. ``data``: each rank holds a shard of the rows and every rank
-runs every chain; each gradient is summed over the ranks in one all-reduce. On GPUs, use
-the nccl backend and put each rank's data and chains on its own device.
+``chains``: each rank runs its share of 16 chains on the whole data set, their warmup
+pooled across the ranks (``adapt="ensemble"``); rank 0 prints the summary of all chains.
+``data``: each rank holds a shard of the rows and every rank runs every chain; each
+gradient is summed over the ranks in one all-reduce. With GPUs, each rank takes the one
+``torchrun`` numbers ``LOCAL_RANK``, with the nccl backend; without, the CPU and gloo.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -21,11 +23,18 @@ from hmc.distributed import ShardedPotential
 
 ROWS, DIM = 20_000, 5
 
-dist.init_process_group("gloo")
+if torch.cuda.is_available():
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)  # where nccl's collectives of Python objects go
+    dist.init_process_group("nccl")
+else:
+    device = torch.device("cpu")
+    dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 rng = np.random.default_rng(0)  # the same data on every rank
-X = torch.from_numpy(rng.normal(size=(ROWS, DIM)))
-y = torch.from_numpy(1.0 * (rng.uniform(size=ROWS) < 1 / (1 + np.exp(-X.numpy().sum(1)))))
+features = rng.normal(size=(ROWS, DIM))
+outcomes = 1.0 * (rng.uniform(size=ROWS) < 1 / (1 + np.exp(-features.sum(1))))
+X, y = torch.from_numpy(features).to(device), torch.from_numpy(outcomes).to(device)
 
 
 def log_prior(beta):
@@ -42,10 +51,18 @@ def log_lik(X, y):
 
 if sys.argv[1] == "chains":
     full = log_lik(X, y)
-    tree = hmc.sample(lambda beta: log_prior(beta) + full(beta), dim=DIM, chains=4, seed=1)
+    tree = hmc.sample(
+        lambda beta: log_prior(beta) + full(beta),
+        dim=DIM,
+        chains=16,
+        adapt="ensemble",
+        seed=1,
+        device=device,
+    )
 else:
-    shard = np.array_split(np.arange(ROWS), world)[rank]
-    tree = hmc.sample(ShardedPotential(log_prior, log_lik(X[shard], y[shard]), dim=DIM), seed=1)
+    shard = torch.tensor_split(torch.arange(ROWS, device=device), world)[rank]
+    target = ShardedPotential(log_prior, log_lik(X[shard], y[shard]), dim=DIM)
+    tree = hmc.sample(target, seed=1, device=device)
 if rank == 0:
     import arviz
 

@@ -7,9 +7,11 @@ Both ways start the same script in every process (``torchrun --nproc-per-node N`
 each rank its share of the chains, a contiguous block of their global indices
 (:func:`chain_share`), batched on that rank's device. Chain ``c`` draws its random numbers
 from ``(seed, c)`` alone, as in one process, so its draws do not depend on the number of
-ranks. The seed is rank 0's (drawn there when none is given). The ranks do not talk during
-the run; at its end rank 0 gathers the others' runs and returns the whole DataTree, with
-the end-of-run warnings for all chains; the other ranks return None.
+ranks. The seed is rank 0's (drawn there when none is given). With Stan's warmup the ranks
+do not talk during the run; the pooled warmup gathers every chain's state on every rank
+once per warmup iteration (:class:`ChainSplit`). At its end rank 0 gathers the others'
+runs and returns the whole DataTree, with the end-of-run warnings for all chains; the
+other ranks return None.
 
 **Data-parallel.** :class:`ShardedPotential` is a log density whose likelihood is a sum
 over data shards, one per rank: every rank runs every chain, and each evaluation computes
@@ -28,6 +30,7 @@ the others raise the same error; no rank hangs beyond that timeout.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,7 +39,7 @@ import torch.distributed as dist
 
 from hmc.target import FlatTarget
 
-__all__ = ["RankFailure", "ShardedPotential", "chain_ranks", "chain_share"]
+__all__ = ["ChainSplit", "RankFailure", "ShardedPotential", "chain_ranks", "chain_share"]
 
 
 class RankFailure(RuntimeError):
@@ -69,6 +72,28 @@ def chain_share(chains: int, rank: int, world: int) -> range:
     size, extra = divmod(chains, world)
     start = rank * size + min(rank, extra)
     return range(start, start + size + (rank < extra))
+
+
+@dataclass(frozen=True)
+class ChainSplit:
+    """This rank's block ``share`` of a chain-parallel run's ``chains`` chains, for the
+    adaptation that pools every chain (:class:`hmc.adapt.EnsembleWarmup`)."""
+
+    share: range
+    chains: int
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        """Every chain's rows ``(chains, K)`` on every rank, from this rank's ``rows``
+        ``(len(share), K)``: one all-reduce of the rows in place among zeros, exact (a sum
+        of one number and zeros)."""
+        everyone = rows.new_zeros((self.chains, rows.shape[1]))
+        everyone[self.share.start : self.share.stop] = rows
+        _collective("gathering the chains for the pooled warmup", lambda: dist.all_reduce(everyone))
+        return everyone
+
+    def mine(self, everyone: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of ``everyone`` ``(chains, ...)``."""
+        return everyone[self.share.start : self.share.stop]
 
 
 def _collective(what: str, call: Callable[[], Any]) -> Any:

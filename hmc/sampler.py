@@ -27,6 +27,7 @@ from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors, map_record
 from hmc.checkpoint import Snapshot, read_checkpoint, write_checkpoint
 from hmc.distributed import (
+    ChainSplit,
     ShardedPotential,
     chain_ranks,
     chain_share,
@@ -212,7 +213,7 @@ def sample(
     ranks, split = group_ranks(), chain_ranks(log_prob)  # (rank, world) under torch.distributed
     share = range(chains)  # the global indices of the chains this process runs
     if ranks is not None:  # every rank runs with rank 0's seed, and only rank 0 shows progress
-        _check_process_group(split is not None, settings.adapt, checkpoint, store)
+        _check_process_group(checkpoint, store)
         settings = settings._replace(
             seed=common_seed(settings.seed), progress=settings.progress and ranks[0] == 0
         )
@@ -253,7 +254,9 @@ def sample(
         if bar is not None:
             potential.on_compile = bar.compiling
         keys = chain_keys(settings.seed, torch.arange(share.start, share.stop, device=device))
-        adapter = _adapter(settings, potential)
+        adapter = _adapter(
+            settings, potential, None if split is None else ChainSplit(share, all_chains)
+        )
         started = time.perf_counter()
         resume = None
         if saved is None:
@@ -416,9 +419,7 @@ def _warn_about_tree(tree: Any) -> None:
     )
 
 
-def _check_process_group(
-    split: bool, adapt: str, checkpoint: str | os.PathLike | None, store: Any
-) -> None:
+def _check_process_group(checkpoint: str | os.PathLike | None, store: Any) -> None:
     """Refuse what a run under a process group does not do yet, before work starts."""
     for name, value in (("checkpoint", checkpoint), ("store", store)):
         if value is not None:
@@ -426,11 +427,6 @@ def _check_process_group(
                 f"{name}= is not supported under a torch.distributed process group yet "
                 "(every rank would write its own file at one path)"
             )
-    if split and adapt == "ensemble":
-        raise ValueError(
-            "adapt='ensemble' does not pool chains across the ranks of a process group yet: "
-            "use adapt='stan' (each chain adapts on its own), or one process"
-        )
 
 
 def resume(
@@ -487,8 +483,11 @@ def _recorder(
     return Recorder(*sizes, store=sink, chunk=chunk)
 
 
-def _adapter(settings: Any, potential: Potential) -> StanWarmup | EnsembleWarmup:
-    """The warmup's adapter for the run's settings."""
+def _adapter(
+    settings: Any, potential: Potential, split: ChainSplit | None
+) -> StanWarmup | EnsembleWarmup:
+    """The warmup's adapter for the run's settings (``split``: this process's block of a
+    chain-parallel run's chains, which the ensemble warmup pools with the others')."""
     search = functools.partial(find_reasonable_step_size, potential=potential)
     common = dict(
         search=search,
@@ -502,6 +501,7 @@ def _adapter(settings: Any, potential: Potential) -> StanWarmup | EnsembleWarmup
             schedule=ensemble_schedule(settings.warmup, device=settings.device),
             trajectory=getattr(kernel, "reports_proposal", False),
             max_steps=getattr(kernel, "max_steps", 1024),
+            split=split,
             **common,
         )
     return StanWarmup(schedule=build_schedule(settings.warmup, device=settings.device), **common)

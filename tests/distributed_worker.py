@@ -1,7 +1,8 @@
 """One rank of a test run under a gloo process group on loopback (tests/test_distributed.py).
 
 ``python distributed_worker.py MODE RANK WORLD PORT OUT``: MODE is ``chains`` (a
-chain-parallel static HMC run), ``gradient`` (a sharded potential's value and gradient),
+chain-parallel static HMC run), ``ensemble`` (chain-parallel runs with the pooled warmup,
+ChEES and NUTS, one chain stranded), ``gradient`` (a sharded potential's value and gradient),
 ``nuts`` (a data-parallel NUTS run) or ``kill`` (a data-parallel run whose last rank dies
 mid-run). Rank 0 writes what it got to ``OUT`` (an ``.npz``); a rank that meets
 ``RankFailure`` writes its message to ``OUT.rank<r>.failure``.
@@ -52,6 +53,31 @@ def elementwise(q: torch.Tensor) -> torch.Tensor:
     return -0.5 * (q * q).sum(-1)
 
 
+def two_modes(q: torch.Tensor) -> torch.Tensor:
+    """A standard normal and a minor mode 60 nats below it at ``(20, 0)``, batched:
+    ``(C, 2) -> (C,)``. A chain started there stays stranded through a short warmup."""
+    major = -0.5 * (q * q).sum(-1)
+    minor = -60.0 - 0.5 * ((q[:, 0] - 20.0) ** 2 + q[:, 1] ** 2)
+    return torch.maximum(major, minor)
+
+
+#: the pooled warmup's runs: 8 chains, the stranded one on rank 0 (chains 0-3 of two ranks)
+#: restarts from chain 4, on rank 1
+ENSEMBLE_CHAINS, STRANDED = 8, 3
+
+
+def ensemble_runs() -> dict[str, object]:
+    """The chain-parallel runs with the pooled warmup (in one process, or one rank's part)."""
+    init = torch.zeros(ENSEMBLE_CHAINS, 2, dtype=torch.float64)
+    init[:, 1] = torch.linspace(-1.0, 1.0, ENSEMBLE_CHAINS, dtype=torch.float64)
+    init[STRANDED, 0] = 20.0
+    common = dict(
+        dim=2, chains=ENSEMBLE_CHAINS, warmup=60, draws=30, adapt="ensemble", batched=True,
+        init=init, seed=13, progress=False, compile=False,
+    )  # fmt: skip
+    return {kernel: hmc.sample(two_modes, kernel=kernel, **common) for kernel in ("chees", "nuts")}
+
+
 def main(mode: str, rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group(
         "gloo",
@@ -86,6 +112,22 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
             "lp": tree["sample_stats"]["lp"].values,
             "evaluations": np.array(tree.attrs["n_gradient_evaluations"]),
             "ranks": np.array(tree.attrs["ranks"]),
+        }
+    if mode == "ensemble":
+        runs = ensemble_runs()
+        if rank != 0:
+            assert all(tree is None for tree in runs.values())
+            return {}
+        return {
+            f"{kernel}_{name}": value
+            for kernel, tree in runs.items()
+            for name, value in (
+                ("x", tree["posterior"]["x"].values),
+                ("step_size", tree["adaptation"]["step_size"].values),
+                ("inverse_metric", tree["adaptation"]["inverse_metric"].values),
+                ("restarted", np.asarray(tree.attrs["restarted_chains"])),
+                ("warmup", np.asarray(tree.attrs["tuning_steps"])),
+            )
         }
     X, y = logistic_data()
     rows = np.array_split(np.arange(ROWS), world)[rank]

@@ -68,6 +68,27 @@ def test_chain_parallel_run_equals_one_process_chain_for_chain(tmp_path):
     assert got["evaluations"] == alone.attrs["n_gradient_evaluations"]
 
 
+def test_pooled_warmup_across_ranks_equals_one_process_chain_for_chain(tmp_path):
+    """ChEES and NUTS with the pooled warmup, 8 chains on two ranks, one stranded on rank 0:
+    the same step size, metric and restarts as in one process (the stranded chain restarts
+    from a chain on rank 1), and the same draws."""
+    out = tmp_path / "ensemble.npz"
+    with pytest.warns(RuntimeWarning, match="stayed far below"):
+        alone = worker.ensemble_runs()
+    assert launch("ensemble", out) == [0, 0]
+    got = np.load(out)
+    for kernel, tree in alone.items():
+        assert list(tree.attrs["restarted_chains"]) == [worker.STRANDED]
+        np.testing.assert_array_equal(got[f"{kernel}_restarted"], [worker.STRANDED])
+        assert got[f"{kernel}_warmup"] == tree.attrs["tuning_steps"]
+        for name, value in (
+            ("step_size", tree["adaptation"]["step_size"].values),
+            ("inverse_metric", tree["adaptation"]["inverse_metric"].values),
+            ("x", tree["posterior"]["x"].values),
+        ):
+            np.testing.assert_allclose(got[f"{kernel}_{name}"], value, rtol=1e-12, atol=1e-12)
+
+
 def full_data_log_prob():
     X, y = worker.logistic_data()
     full = worker.log_lik(X, y)

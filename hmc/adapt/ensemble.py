@@ -45,6 +45,10 @@ the run is short (64 chains on Gaussians, eight schools and a logistic regressio
 120-200 iterations); where they do not (chains far from the posterior after random
 starts), warmup goes on, window after window, up to the iterations asked for (by
 default 1000, as in Stan).
+
+In a chain-parallel run (:mod:`hmc.distributed`) each rank runs its block of the chains;
+every pooled quantity above is taken over all of them, gathered from the ranks once per
+warmup iteration, and the step-size search runs on each rank's own chains.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from hmc.adapt.step_size import (
 )
 from hmc.adapt.warmup import StepSizeSearch
 from hmc.arrays import as_tensors
+from hmc.distributed import ChainSplit
 from hmc.metric import metric_from_inverse
 from hmc.state import Params, Proposal, State
 
@@ -279,7 +284,7 @@ class EnsembleState(NamedTuple):
     log_density : torch.Tensor
         ``(C, S)`` the chains' log densities since the last window end (or the start), at
         most the schedule's longest stretch between two metric updates, for the early
-        stop and the stranded chains.
+        stop and the stranded chains (in a chain-parallel run, every rank's chains).
     search_counter : torch.Tensor
         ``(C,)`` the counters of the step-size search's random streams.
     trajectory : TrajectoryState or None
@@ -288,7 +293,7 @@ class EnsembleState(NamedTuple):
         The chains' last trajectories (ChEES; None otherwise).
     restarted : torch.Tensor
         ``(C,)`` the chains restarted from another, at a window's end or the last
-        warmup iteration.
+        warmup iteration (in a chain-parallel run, every rank's chains).
     inverse : torch.Tensor
         The last window's pooled inverse metric ``(D,)`` or ``(D, D)``; empty ``(0,)``
         before the first window ends.
@@ -333,6 +338,9 @@ class EnsembleWarmup:
     early_stop : whether a window whose chains agree ends the slow windows.
     restart_stranded : whether stranded chains restart from healthy ones at the end.
     max_steps : the longest trajectory ChEES learns, in steps of the step size.
+    split : this process's block of a chain-parallel run's chains (None when it runs them
+        all): every pooled quantity is taken over every rank's chains, gathered once per
+        warmup iteration, and once more for the step-size search at a window's end.
     """
 
     schedule: WarmupSchedule
@@ -344,6 +352,7 @@ class EnsembleWarmup:
     early_stop: bool = True
     restart_stranded: bool = True
     max_steps: int = 1024
+    split: ChainSplit | None = None
     #: the driver runs warmup iterations in lockstep and calls :meth:`pool` after each
     lockstep = True
 
@@ -353,22 +362,26 @@ class EnsembleWarmup:
         """Start from the initial states ``(C, D)`` (tensors): Stan's heuristic on every
         chain, one step size (their geometric mean), dual averaging shrinking towards ten
         times the initial step size, and for ChEES a trajectory of one step."""
-        chains = state.position.shape[0]
+        own = state.position.shape[0]
         counter = torch.zeros_like(keys)
         step_size, counter = self.search(state, params.step_size, params.metric, keys, counter)
-        common = step_size.log().mean().exp().reshape(1)
-        start = params.step_size.log().mean().exp().reshape(1)
+        length = params.trajectory_length
+        searched, initial, *lengths = self._everyone(
+            step_size, params.step_size, *([] if length is None else [length])
+        )
+        common = searched.log().mean().exp().reshape(1)
+        start = initial.log().mean().exp().reshape(1)
         da = dual_averaging_init(common, shrink_towards=start)
         trajectory = None
-        length = params.trajectory_length
         if self.trajectory:
-            log_length = common.log()[0] if length is None else length.log().mean()
+            log_length = common.log()[0] if length is None else lengths[0].log().mean()
             zero = log_length.new_zeros(())
             trajectory = TrajectoryState(log_length, log_length, zero, zero)
-            length = log_length.exp().expand(chains).clone()
+            length = log_length.exp().expand(own).clone()
+        chains = searched.shape[0]
         adaptation = EnsembleState(
             da,
-            state.potential.new_zeros(chains),
+            state.potential.new_zeros(own),
             moments_init(state.position, self.dense),
             moments_init(state.position, False),
             state.potential.new_zeros((chains, 0)),
@@ -378,7 +391,7 @@ class EnsembleWarmup:
             torch.zeros(chains, dtype=torch.bool, device=keys.device),
             state.position.new_zeros(0),
         )
-        return adaptation, Params(common.expand(chains).clone(), params.metric, length)
+        return adaptation, Params(common.expand(own).clone(), params.metric, length)
 
     def update(
         self,
@@ -418,7 +431,14 @@ class EnsembleWarmup:
         tensors, or NumPy arrays for the NumPy engine: they are viewed as
         tensors; the returned state is of the same kind)."""
         on_numpy = isinstance(state.position, np.ndarray)
-        tensors, adaptation = as_tensors(state), as_tensors(adaptation)
+        mine, adaptation = as_tensors(state), as_tensors(adaptation)
+        own = mine.position.shape[0]  # this process's chains; `chains` all of them
+        proposal = adaptation.proposal
+        position, potential, grad, accept, *trajectories = self._everyone(
+            *mine, adaptation.accept, *(() if proposal is None else proposal)
+        )
+        tensors = State(position, potential, grad)
+        proposal = None if proposal is None else Proposal(*trajectories)
         schedule = self.schedule
         # chains stranded far below the others now (a start where the shared step size
         # cannot move them) would drag the step size down and, with gradients many orders
@@ -426,7 +446,7 @@ class EnsembleWarmup:
         chains = tensors.position.shape[0]
         healthy = ~stranded_chains(-tensors.potential[:, None])
         healthy_count = healthy.sum().clamp(min=1)
-        accept = torch.nan_to_num(adaptation.accept, nan=0.0).clamp(0.0, 1.0)
+        accept = torch.nan_to_num(accept, nan=0.0).clamp(0.0, 1.0)
         accept = torch.where(healthy, accept, 0.0)
         if self.trajectory:  # ChEES: the harmonic mean of the chains that may move, times
             # their share (a divergence, acceptance 0, pulls the step size down but does
@@ -448,8 +468,8 @@ class EnsembleWarmup:
         )
         adaptation = adaptation._replace(dual_averaging=da, log_density=log_density)
         trajectory = adaptation.trajectory
-        if trajectory is not None and adaptation.proposal is not None:
-            gradient = chees_gradient(adaptation.proposal, accept)
+        if trajectory is not None and proposal is not None:
+            gradient = chees_gradient(proposal, accept)
             trajectory = adam_ascent(trajectory, gradient)
         metric, skip_to, changed = params.metric, None, False
         windows = schedule.windows if self.adapt_metric else []
@@ -467,19 +487,16 @@ class EnsembleWarmup:
             # from the one it restarted from before any draw is kept
             restarted_state = _restart_stranded(tensors, stranded)
             if restarted_state is not tensors:
-                changed, tensors = True, restarted_state
+                changed, tensors = bool(self._mine(stranded).any()), restarted_state
                 adaptation = adaptation._replace(restarted=adaptation.restarted | stranded)
+        mine = State(*map(self._mine, tensors)) if changed else mine
         if ends_window:
             inverse = pooled_inverse_metric(adaptation.position, adaptation.gradient)
-            metric = metric_from_inverse(inverse[None].expand(chains, *inverse.shape).clone())
+            metric = metric_from_inverse(inverse[None].expand(own, *inverse.shape).clone())
             searched, counter = self.search(
-                tensors,
-                step_size.expand(chains).clone(),
-                metric,
-                keys,
-                adaptation.search_counter,
+                mine, step_size.expand(own).clone(), metric, keys, adaptation.search_counter
             )
-            common = searched.log().mean().exp().reshape(1)
+            common = self._everyone(searched)[0].log().mean().exp().reshape(1)
             da = dual_averaging_init(common)
             step_size = common
             last = iteration == windows[-1][1]
@@ -511,16 +528,32 @@ class EnsembleWarmup:
                 log_length=trajectory.log_length.clamp(low, high),
                 log_length_average=trajectory.log_length_average.clamp(low, high),
             )
-            length = trajectory.log_length.exp().expand(chains).clone()
+            length = trajectory.log_length.exp().expand(own).clone()
         adaptation = adaptation._replace(trajectory=trajectory, proposal=None)
-        new_params = Params(step_size.expand(chains).clone(), metric, length)
+        new_params = Params(step_size.expand(own).clone(), metric, length)
         if on_numpy:
             new_params = new_params._replace(step_size=new_params.step_size.numpy())
             if length is not None:
                 new_params = new_params._replace(trajectory_length=length.numpy())
         if changed:
-            state = State(*(x.numpy() for x in tensors)) if on_numpy else tensors
+            state = State(*(x.numpy() for x in mine)) if on_numpy else mine
         return Pooled(adaptation, new_params, state, skip_to)
+
+    def _everyone(self, *rows: torch.Tensor) -> list[torch.Tensor]:
+        """Every chain's ``rows`` (each ``(C, ...)``, the chains of this process; floating
+        point), gathered from the ranks of a chain-parallel run in one collective (the
+        very tensors in one process)."""
+        if self.split is None:
+            return list(rows)
+        flat = [x.reshape(x.shape[0], -1).to(rows[0].dtype) for x in rows]
+        widths = [x.shape[1] for x in flat]
+        gathered = self.split.gather(torch.cat(flat, 1)).split(widths, 1)
+        pairs = zip(gathered, rows, strict=True)
+        return [g.reshape(-1, *x.shape[1:]).to(x.dtype) for g, x in pairs]
+
+    def _mine(self, everyone: torch.Tensor) -> torch.Tensor:
+        """This process's rows of ``everyone`` ``(chains, ...)``."""
+        return everyone if self.split is None else self.split.mine(everyone)
 
 
 def settled(log_density: torch.Tensor, inverse: torch.Tensor, previous: torch.Tensor) -> bool:
