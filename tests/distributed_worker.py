@@ -3,9 +3,10 @@
 ``python distributed_worker.py MODE RANK WORLD PORT OUT``: MODE is ``chains`` (a
 chain-parallel static HMC run), ``ensemble`` (chain-parallel runs with the pooled warmup,
 ChEES and NUTS, one chain stranded), ``gradient`` (a sharded potential's value and gradient),
-``nuts`` (a data-parallel NUTS run) or ``kill`` (a data-parallel run whose last rank dies
-mid-run). Rank 0 writes what it got to ``OUT`` (an ``.npz``); a rank that meets
-``RankFailure`` writes its message to ``OUT.rank<r>.failure``.
+``nuts`` (a data-parallel NUTS run), ``kill`` (a data-parallel run whose last rank dies
+mid-run) or ``stall`` (one whose last rank stops answering mid-run, under a group timeout
+of :data:`STALL_TIMEOUT` seconds). Rank 0 writes what it got to ``OUT`` (an ``.npz``); a
+rank that meets ``RankFailure`` writes its message to ``OUT.rank<r>.failure``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -21,6 +23,8 @@ import torch.distributed as dist
 import hmc
 from hmc.distributed import RankFailure, ShardedPotential
 
+#: the process group's timeout in seconds: the ``stall`` mode's, and the others'
+STALL_TIMEOUT, TIMEOUT = 15, 30
 #: the logistic regression's data: rows, coordinates, seed
 ROWS, DIM, DATA_SEED = 240, 3, 7
 
@@ -84,7 +88,7 @@ def main(mode: str, rank: int, world: int, port: int, out: str) -> None:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
-        timeout=datetime.timedelta(seconds=30),
+        timeout=datetime.timedelta(seconds=STALL_TIMEOUT if mode == "stall" else TIMEOUT),
     )
     try:
         result = run(mode, rank, world)
@@ -132,16 +136,18 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
     X, y = logistic_data()
     rows = np.array_split(np.arange(ROWS), world)[rank]
     shard_log_lik = log_lik(X[rows], y[rows])
-    if mode == "kill" and rank == world - 1:
+    if mode in ("kill", "stall") and rank == world - 1:
         calls = [0]
 
-        def dying(beta: torch.Tensor) -> torch.Tensor:
+        def failing(beta: torch.Tensor) -> torch.Tensor:
             calls[0] += 1
-            if calls[0] > 300:
+            if calls[0] > 300 and mode == "kill":
                 os._exit(9)  # as a SIGKILL would: no goodbye to the group
+            if calls[0] > 300:
+                time.sleep(3600)  # alive, holding its connections, never answering
             return shard_log_lik(beta)
 
-        target = ShardedPotential(log_prior, dying, dim=DIM)
+        target = ShardedPotential(log_prior, failing, dim=DIM)
     else:
         target = ShardedPotential(log_prior, shard_log_lik, dim=DIM)
     if mode == "gradient":

@@ -24,8 +24,12 @@ WORKER = Path(__file__).parent / "distributed_worker.py"
 pytestmark = pytest.mark.slow
 
 
-def launch(mode: str, out: Path, world: int = 2, limit: float = 120) -> list[int]:
-    """Run ``world`` ranks of the worker in ``mode``; their exit codes."""
+def launch(
+    mode: str, out: Path, world: int = 2, limit: float = 120, wait_for: int | None = None
+) -> list[int | None]:
+    """Run ``world`` ranks of the worker in ``mode``; their exit codes, None for those
+    still running when the first ``wait_for`` ranks (all by default) have ended (they are
+    killed)."""
     with socket.socket() as probe:  # a free port for the group's rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -40,7 +44,9 @@ def launch(mode: str, out: Path, world: int = 2, limit: float = 120) -> list[int
     ]
     deadline = time.monotonic() + limit
     try:
-        return [rank.wait(timeout=max(deadline - time.monotonic(), 1)) for rank in ranks]
+        for rank in ranks[:wait_for]:
+            rank.wait(timeout=max(deadline - time.monotonic(), 1))
+        return [rank.poll() for rank in ranks]
     finally:
         for rank in ranks:
             rank.kill()
@@ -128,3 +134,17 @@ def test_a_killed_rank_stops_the_others_with_a_clear_error(tmp_path):
     assert time.monotonic() - started < 60
     message = Path(f"{out}.rank0.failure").read_text()
     assert "another rank stopped" in message and "all-reduce" in message
+
+
+def test_a_stalled_rank_stops_the_others_at_the_groups_timeout(tmp_path):
+    """The last rank stops answering but keeps its connections open: rank 0 waits no
+    longer than the group's timeout, then raises RankFailure (the stalled rank is killed
+    by the test)."""
+    out = tmp_path / "stall.npz"
+    started = time.monotonic()
+    codes = launch("stall", out, limit=worker.STALL_TIMEOUT + 60, wait_for=1)
+    elapsed = time.monotonic() - started
+    assert codes == [3, None], codes  # rank 0 met RankFailure; the stalled rank still waits
+    assert worker.STALL_TIMEOUT < elapsed < worker.STALL_TIMEOUT + 45
+    message = Path(f"{out}.rank0.failure").read_text()
+    assert "did not answer within the process group's timeout" in message
