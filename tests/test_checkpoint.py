@@ -123,7 +123,9 @@ def test_a_run_killed_mid_sampling_resumes_to_the_uninterrupted_result(
     same_run(again, resumed)
 
 
-@pytest.mark.parametrize("kernel", ["nuts", "chees"])
+@pytest.mark.parametrize(
+    "kernel", [pytest.param("nuts", marks=pytest.mark.slow), "chees"]
+)  # (NUTS: 10 s, in the slow tier; ChEES, 4 s, checks the same resume in the quick one)
 def test_a_pooled_warmup_resumes_to_the_uninterrupted_result(kernel, tmp_path):
     """Interrupted before the early stop, after it (in the terminal buffer) and while
     sampling, the pooled warmup (and ChEES's trajectory length) goes on from its

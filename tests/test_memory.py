@@ -40,6 +40,7 @@ def peak_bytes(draws: int, store=None) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.slow  # 10 s: the quick tier keeps within its five minutes
 def test_memory_grows_with_the_draws_only():
     """Ten times the draws: the peak grows by less than twice the added draws' bytes (the
     recorder's buffer and the output's copy), and the short run's peak is within a small

@@ -142,6 +142,7 @@ def funnel_non_centred(q):
     return -(q[:, 0] ** 2) / 18 - 0.5 * (q[:, 1:] ** 2).sum(-1)
 
 
+@pytest.mark.slow  # 13 s: the quick tier keeps within its five minutes
 def test_centred_funnel_reports_divergences():
     """The neck of the centred funnel (v < -4) needs step sizes far below the adapted one:
     Stan and this sampler both report divergences there (about 1-4 % of draws). Many
