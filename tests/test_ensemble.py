@@ -171,6 +171,25 @@ def test_chees_gradient_does_not_depend_on_the_scale_of_the_positions():
     assert gradient != 0
 
 
+def test_chees_gradient_leaves_out_the_chains_not_counted():
+    """A stranded chain far from the others counts neither in the weights nor in the
+    centre and scale of the starts: the gradient is the one without it."""
+    generator = torch.Generator().manual_seed(6)
+    start, end, velocity = torch.randn(3, 16, 4, dtype=DTYPE, generator=generator)
+    time = torch.rand(16, dtype=DTYPE, generator=generator)
+    accept = torch.rand(16, dtype=DTYPE, generator=generator)
+    alone = chees_gradient(Proposal(start, end, velocity, time), accept)
+    far = torch.full((1, 4), 1e3, dtype=DTYPE)
+    with_far = Proposal(
+        torch.cat((start, far)), torch.cat((end, far)), torch.cat((velocity, far)),
+        torch.cat((time, time[:1])),
+    )  # fmt: skip
+    counted = torch.arange(17) < 16
+    accept = torch.cat((accept, accept[:1]))
+    torch.testing.assert_close(chees_gradient(with_far, accept, counted), alone)
+    assert not torch.isclose(chees_gradient(with_far, accept), alone)
+
+
 def test_adam_ignores_an_outlier_gradient():
     state = TrajectoryState(*torch.zeros(4, dtype=DTYPE))
     for _ in range(10):

@@ -203,9 +203,13 @@ class TrajectoryState(NamedTuple):
     steps: torch.Tensor
 
 
-def chees_gradient(proposal: Proposal, accept: torch.Tensor) -> torch.Tensor:
+def chees_gradient(
+    proposal: Proposal, accept: torch.Tensor, counted: torch.Tensor | None = None
+) -> torch.Tensor:
     """The ChEES criterion's gradient with respect to ``log T`` (0-d), from every chain's
-    trajectory (:class:`~hmc.kernels.base.Proposal`) and acceptance probability ``(C,)``.
+    trajectory (:class:`~hmc.kernels.base.Proposal`) and acceptance probability ``(C,)``,
+    over the chains ``counted`` ``(C,)`` (all by default; the pooled warmup leaves out the
+    stranded ones, whose distant starts would otherwise set the centre and the scale).
 
     Chain ``c`` ran for the time ``t_c = h T``, so ``d/dlog T = t_c d/dt``, and
     ``d/dt |x'(t) - mean'|^2 = 2 (x' - mean') . v'``: its term is
@@ -214,19 +218,23 @@ def chees_gradient(proposal: Proposal, accept: torch.Tensor) -> torch.Tensor:
     the chains' mean ``|x - mean|^2``: the criterion's scale falls by orders of magnitude
     while the chains converge, and Adam's running scale would lag behind it. Chains with a
     non-finite trajectory weigh nothing."""
+    if counted is None:
+        counted = torch.ones_like(accept, dtype=torch.bool)
     finite = torch.isfinite(proposal.end).all(1) & torch.isfinite(proposal.velocity).all(1)
-    weight = torch.where(finite, torch.nan_to_num(accept, nan=0.0), 0.0)
+    weight = torch.where(finite & counted, torch.nan_to_num(accept, nan=0.0), 0.0)
     total = weight.sum()
     if not total > 0:
         return accept.new_zeros(())
     end = torch.where(finite[:, None], proposal.end, 0.0)
     velocity = torch.where(finite[:, None], proposal.velocity, 0.0)
     end_centred = end - (weight[:, None] * end).sum(0) / total
-    start_centred = proposal.start - proposal.start.mean(0)
-    change = (end_centred**2).sum(1) - (start_centred**2).sum(1)
+    start = torch.where(counted[:, None], proposal.start, 0.0)
+    start_centred = start - start.sum(0) / counted.sum()
+    start_norm = (start_centred**2).sum(1)
+    change = (end_centred**2).sum(1) - start_norm
     per_chain = proposal.time * change * (end_centred * velocity).sum(1)
     per_chain = torch.where((weight > 0) & torch.isfinite(per_chain), per_chain, 0.0)
-    spread = (start_centred**2).sum(1).mean() ** 2  # the criterion's scale, |x|^4
+    spread = (torch.where(counted, start_norm, 0.0).sum() / counted.sum()) ** 2  # |x|^4
     return (weight * per_chain).sum() / total / spread.clamp(min=torch.finfo(spread.dtype).tiny)
 
 
@@ -469,7 +477,7 @@ class EnsembleWarmup:
         adaptation = adaptation._replace(dual_averaging=da, log_density=log_density)
         trajectory = adaptation.trajectory
         if trajectory is not None and proposal is not None:
-            gradient = chees_gradient(proposal, accept)
+            gradient = chees_gradient(proposal, accept, healthy)
             trajectory = adam_ascent(trajectory, gradient)
         metric, skip_to, changed = params.metric, None, False
         windows = schedule.windows if self.adapt_metric else []
