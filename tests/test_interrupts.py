@@ -137,7 +137,10 @@ CHECKPOINTING_CHILD = textwrap.dedent(
 def test_interrupt_with_a_checkpoint_writes_one_where_the_chains_stand(tmp_path):
     """Ctrl-C during warmup, with checkpoints only at the end of warmup: the chains run to
     a common iteration and a checkpoint is written there; resuming from it gives the
-    uninterrupted run, bit for bit."""
+    uninterrupted run: the same trees, and the same draws to rounding (from there on the
+    chains are batched differently than in the uninterrupted run, where they did not wait
+    for each other at that iteration; how a batch's rows are summed depends on its size
+    and on the CPU's vector width: 2e-14 measured)."""
     from hmc.checkpoint import read_checkpoint
 
     settings = dict(dim=3, chains=3, warmup=1000, draws=50, seed=5, batched=True)
@@ -166,8 +169,12 @@ def test_interrupt_with_a_checkpoint_writes_one_where_the_chains_stand(tmp_path)
 
     resumed = hmc.resume(path, log_prob)
     whole = hmc.sample(log_prob, checkpoint=tmp_path / "whole.ckpt", **settings)
-    np.testing.assert_array_equal(resumed["posterior"]["x"].values, whole["posterior"]["x"].values)
+    np.testing.assert_allclose(
+        resumed["posterior"]["x"].values, whole["posterior"]["x"].values, rtol=0, atol=1e-9
+    )
     for name in whole["sample_stats"].data_vars:
-        np.testing.assert_array_equal(
-            resumed["sample_stats"][name].values, whole["sample_stats"][name].values
-        )
+        got, expected = resumed["sample_stats"][name].values, whole["sample_stats"][name].values
+        if np.issubdtype(expected.dtype, np.floating):
+            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12, err_msg=name)
+        else:  # tree depths, steps, divergences
+            np.testing.assert_array_equal(got, expected, err_msg=name)
