@@ -108,6 +108,7 @@ def test_demo_command_writes_its_four_files(tmp_path):
     assert dt["posterior"].sizes["chain"] == 2 and dt["posterior"].sizes["draw"] == 100
 
 
+@pytest.mark.slow  # 6 s: the quick tier keeps within its five minutes
 def test_demo_in_process_with_static_hmc(tmp_path, capsys):
     assert main(
         ["demo", "--out", str(tmp_path), "--chains", "2", "--draws", "60", "--warmup", "60",

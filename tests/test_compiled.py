@@ -114,6 +114,7 @@ print(repr((U.tolist(), potential.compiled, [str(w.message) for w in caught])))
 """
 
 
+@pytest.mark.slow  # 8 s: the quick tier keeps within its five minutes
 def test_a_failed_compile_warns_once_and_evaluates_eagerly():
     """No C++ compiler (and no cached compiled code): one warning naming the compiler's
     error, then eager values. In a process of its own: torch remembers a bad compiler."""

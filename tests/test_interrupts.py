@@ -77,7 +77,11 @@ def run_interrupted(signum: int, warmup: int, draws: int) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "signum",
+    [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+    ids=["SIGINT", "SIGTERM"],
+)  # (SIGTERM takes the same path as SIGINT: 8 s more, in the slow tier)
 def test_interrupt_during_sampling_returns_the_draws_so_far(signum):
     """The interrupted run returns the draws every chain completed, and they are the
     uninterrupted run's first draws, bit for bit (a chain's random numbers depend only on
