@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from hmc.diagnostics import split_rhat
+
 __all__ = ["METRIC_SPAN", "UNSETTLED_MIN_DRAWS", "UNSETTLED_RHAT", "warn_about_run"]
 
 #: an adapted inverse metric whose largest and smallest variances differ by more than
@@ -149,14 +151,9 @@ def _stored_blocks(posterior: Any) -> Iterator[tuple[list[str], np.ndarray]]:
 
 
 def _unsettled(draws: np.ndarray) -> tuple[np.ndarray, float]:
-    """The coordinates of ``draws`` ``(C, W, D)`` whose split R-hat (ArviZ's, without
-    ranks: cheap at any D) exceeds :data:`UNSETTLED_RHAT`, and the largest R-hat (a
+    """The coordinates of ``draws`` ``(C, W, D)`` whose split R-hat (without ranks:
+    cheap at any D) exceeds :data:`UNSETTLED_RHAT`, and the largest R-hat (a
     coordinate that never moved has none and is not flagged here)."""
-    from arviz_stats.base import array_stats
-
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rhat = array_stats.rhat(
-            np.moveaxis(draws, 2, 0), chain_axis=-2, draw_axis=-1, method="split"
-        )
+    rhat = split_rhat(np.moveaxis(draws, 2, 0))
     bad = np.flatnonzero(rhat > UNSETTLED_RHAT)
     return bad, float(rhat[bad].max()) if bad.size else 1.0

@@ -69,6 +69,7 @@ from hmc.adapt.step_size import (
 )
 from hmc.adapt.warmup import StepSizeSearch
 from hmc.arrays import as_tensors
+from hmc.diagnostics import ess
 from hmc.distributed import ChainSplit
 from hmc.metric import metric_from_inverse
 from hmc.state import Params, Proposal, State
@@ -571,8 +572,6 @@ def settled(log_density: torch.Tensor, inverse: torch.Tensor, previous: torch.Te
     empty), and the chains' log densities over the window ``(C, N)`` have a bulk ESS above
     :data:`EARLY_STOP_ESS` and no trend: the means of the window's two halves differ by
     less than :data:`EARLY_STOP_TREND` standard errors."""
-    from arviz_stats.base import array_stats
-
     if previous.numel() == 0:
         return False
     new, old = (x.diagonal() if x.dim() == 2 else x for x in (inverse, previous))
@@ -582,11 +581,10 @@ def settled(log_density: torch.Tensor, inverse: torch.Tensor, previous: torch.Te
     half = values.shape[1] // 2
     if values.shape[0] < 2 or half < 2 or not np.isfinite(values).all():
         return False
-    ess = array_stats.ess(values, chain_axis=0, draw_axis=1, method="bulk")
-    if not ess > EARLY_STOP_ESS:
+    if not ess(values, method="bulk") > EARLY_STOP_ESS:
         return False
     halves = values[:, :half], values[:, half : 2 * half]
-    ess_half = [array_stats.ess(x, chain_axis=0, draw_axis=1, method="mean") for x in halves]
+    ess_half = [ess(x, method="mean") for x in halves]
     errors = [x.std() / math.sqrt(max(e, 1.0)) for x, e in zip(halves, ess_half, strict=True)]
     difference = abs(halves[1].mean() - halves[0].mean())
     return bool(difference < EARLY_STOP_TREND * math.hypot(*errors))
