@@ -1,18 +1,16 @@
 """Every use of torch's private API in hmc, in one place.
 
 torch offers no public way to do a few things the package needs: read the default of
-``torch.distributions`` argument validation, turn it off on one distribution, tell a
-tensor that is a view from one that owns its storage, recognise a few constraints by
-their class, and tell a transform's cached inverse from its other attributes. Each is
-done here, with what it relies on; the rest of the package imports these names and
-touches no private torch attribute itself.
+``torch.distributions`` argument validation, turn it off on one distribution, recognise a
+few constraints by their class, and tell a transform's cached inverse from its other
+attributes. Each is done here, with what it relies on; the rest of the package imports
+these names and touches no private torch attribute itself.
 
 On a torch upgrade, check each item below against the new torch source
-(``torch/distributions/distribution.py``, ``constraints.py`` and ``transforms.py``, and
-``Tensor._base``), then run ``tests/test_potential.py``, ``tests/test_model.py`` and
-``tests/test_transforms.py``, which exercise all of them. A renamed class fails loudly (an
-``AttributeError`` on import); a renamed attribute or a changed meaning may not, hence
-the list.
+(``torch/distributions/distribution.py``, ``constraints.py`` and ``transforms.py``), then
+run ``tests/test_potential.py``, ``tests/test_model.py`` and ``tests/test_transforms.py``,
+which exercise all of them. A renamed class fails loudly (an ``AttributeError`` on
+import); a renamed attribute or a changed meaning may not, hence the list.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from torch.distributions import Distribution, constraints
 from torch.distributions.constraints import Constraint
 
 __all__ = [
-    "copy_if_view",
     "distribution_validation_off",
     "is_cached_inverse",
     "is_lower_cholesky",
@@ -85,24 +82,6 @@ def turn_off_validation(distribution: Distribution) -> None:
     validate by reading ``self._validate_args``.
     """
     vars(distribution)["_validate_args"] = False
-
-
-# ============================================================ views
-def copy_if_view(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``, or a copy of it if it is a view of another tensor.
-
-    The energy module keeps the cotangent it hands autograd between calls; autograd may
-    return a gradient that is a view of it (for a density linear in the position), and
-    nothing may write into that cotangent.
-
-    Relies on ``Tensor._base``: the tensor a view was made from, ``None`` for a tensor that
-    owns its storage (torch has no public test for a view: ``Tensor._is_view()`` is private
-    too).
-
-    On a torch upgrade: check that ``Tensor._base`` is still ``None`` exactly for
-    tensors that are not views.
-    """
-    return tensor if tensor._base is None else tensor.clone()
 
 
 # ============================================================ constraints

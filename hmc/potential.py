@@ -14,11 +14,12 @@ Numerical trouble never escapes as NaN: a row whose value or gradient is not fin
 A log density that raises in the middle of a run (a failed Cholesky, say) is evaluated row
 by row and the rows that raise get ``U = +inf`` too (with one warning naming the error).
 
-The gradient of ``U`` is asked of autograd directly: ``log p`` is differentiated with a
-cotangent of ``-1`` for each row, so neither a negation nor a sum is recorded in the graph,
-and autograd makes no cotangent of ones. Scaling by ``-1`` is exact, so this is the same
-gradient, bit for bit. The cotangent is kept between calls; a gradient that autograd
-returns as a view of it (a density linear in the position) is copied.
+The gradient of ``U`` is the negated gradient of ``log p`` (of its sum over the rows when
+batched), a new tensor or array that owns its memory: the integrators write into rows of
+it. Negating is exact. Differentiating ``log p`` with a cotangent of ``-1`` per row
+instead would save the sum and the negation, a few microseconds, but torch's handling of
+an explicit cotangent imports SymPy at a process's first gradient, half a second, which is
+most of the start-up of a short run.
 
 ``compile=`` evaluates the energy through :class:`hmc.compiled.CompiledEnergy`, one graph
 for value and gradient built by ``torch.compile`` (that module says what is in it and why
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hmc._torch_compat import copy_if_view, distribution_validation_off, validation_enabled
+from hmc._torch_compat import distribution_validation_off, validation_enabled
 from hmc.compiled import CompiledEnergy
 from hmc.memo import MemoCache
 
@@ -128,7 +129,6 @@ class Potential:
         self._use_vmap = True
         self._warned_raise = False
         self._checked = False
-        self._cotangent: torch.Tensor | None = None
         self.compiled = False
         self.compile_seconds = 0.0
         self.compile_note: str | None = None
@@ -216,7 +216,7 @@ class Potential:
         try:
             x = torch.from_numpy(q if self.batched else q[0]).requires_grad_(True)
             log_p = self.log_prob(x)
-            (grad,) = torch.autograd.grad(log_p, x, self._minus_ones(log_p))
+            (grad,) = torch.autograd.grad(log_p.sum() if self.batched else log_p, x)
         except (RuntimeError, ValueError, ArithmeticError) as error:
             if q.shape[0] > 1:  # find the rows that raise, one at a time
                 U, grad = self._evaluate_rows(torch.from_numpy(q))
@@ -231,7 +231,7 @@ class Potential:
         else:  # one row: its value as a float, without a detached copy of the tensor
             total = -log_p.item()
             U = np.array([total], dtype=q.dtype)
-        g = copy_if_view(grad).numpy().reshape(q.shape)
+        g = np.negative(grad.numpy()).reshape(q.shape)
         if not math.isfinite(total + np.add.reduce(g, None)):  # a NaN or an infinity
             finite = np.isfinite(U + g.sum(-1))
             U = np.where(finite, U, np.inf)
@@ -389,26 +389,12 @@ class Potential:
         if q.shape[0] == 1 and not self.batched:
             x = q[0].detach().requires_grad_(True)
             log_p = self.log_prob(x)
-            (grad,) = torch.autograd.grad(log_p, x, self._minus_ones(log_p))
-            return log_p.detach().neg().unsqueeze(0), copy_if_view(grad).unsqueeze(0)
+            (grad,) = torch.autograd.grad(log_p, x)
+            return log_p.detach().neg().unsqueeze(0), grad.neg().unsqueeze(0)
         x = q.detach().requires_grad_(True)
         log_p = self._log_prob_batch(x)
-        (grad,) = torch.autograd.grad(log_p, x, self._minus_ones(log_p))
-        return log_p.detach().neg(), copy_if_view(grad)
-
-    def _minus_ones(self, log_p: torch.Tensor) -> torch.Tensor:
-        """The cotangent ``-1`` of the shape, dtype and device of ``log_p`` (``(C,)`` or
-        0-d), made when that changes: ``d(-log p)/dq`` is then autograd's answer."""
-        minus_ones = self._cotangent
-        if (
-            minus_ones is None
-            or minus_ones.shape != log_p.shape
-            or minus_ones.dtype != log_p.dtype
-            or minus_ones.device != log_p.device
-        ):
-            minus_ones = torch.full_like(log_p, -1.0)
-            self._cotangent = minus_ones
-        return minus_ones
+        (grad,) = torch.autograd.grad(log_p.sum(), x)
+        return log_p.detach().neg(), grad.neg()
 
     def _evaluate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if validation_enabled():  # called outside a sampler run

@@ -253,7 +253,7 @@ def test_numpy_entry_point_keeps_the_non_finite_contract():
     U, grad = potential.value_and_grad(np.array([[0.5, 0.0]]))
     assert U.tolist() == [0.125 + 1.0] and grad.tolist() == [[0.5, 0.5]]
     assert potential.evaluations == 4
-    # a linear density: autograd returns a view of the cotangent, which is copied
+    # a linear density, whose gradient autograd makes as an expanded view
     U, grad = hmc.Potential(lambda q: q.sum()).value_and_grad(np.array([[1.0, 2.0, 3.0]]))
     assert U.tolist() == [-6.0] and grad.tolist() == [[-1.0, -1.0, -1.0]]
 
@@ -283,15 +283,15 @@ def test_numpy_entry_point_keeps_the_non_finite_contract():
 @pytest.mark.parametrize(
     ("log_prob", "batched", "dim"),
     [
-        (lambda q: q.sum(), False, 3),  # the gradient is the cotangent, expanded
-        (lambda q: q.squeeze(), False, 1),  # ... or one of its views
+        (lambda q: q.sum(), False, 3),  # the gradient is a view: ones, expanded
+        (lambda q: q.squeeze(), False, 1),  # ... or a reshaped one
         (lambda q: q.sum(-1), True, 3),
         (lambda q: q.squeeze(-1), True, 1),
     ],
 )
 def test_gradients_own_their_memory(log_prob, batched, dim):
-    """A density whose gradient autograd returns as a view of the cotangent (a linear
-    one) still gives gradients that own their memory: the integrators write rows of a
+    """A density whose gradient autograd returns as a view (a linear one) still gives
+    gradients that own their memory: the integrators write rows of a
     gradient in place, which must not change the next evaluation (nor the previous)."""
     potential = hmc.Potential(log_prob, batched=batched)
     for rows in (1, 3):
