@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -385,3 +387,20 @@ def test_a_chains_draws_do_not_depend_on_how_many_chains_run(engine):
         one["sample_stats"]["n_steps"].values[0], eight["sample_stats"]["n_steps"].values[0]
     )
     assert not np.allclose(eight["posterior"]["x"].values[0], eight["posterior"]["x"].values[1])
+
+
+def test_a_short_run_imports_neither_arviz_stats_nor_sympy() -> None:
+    """Importing ArviZ's statistics takes over a second, SymPy half a second: a short (eager)
+    run's own checks and gradients do without them (``hmc.diagnostics``, the energy's
+    implicit cotangent)."""
+    code = (
+        "import sys, torch, hmc\n"
+        "hmc.sample(lambda x: -0.5 * (x * x).sum(-1), dim=2, chains=8, warmup=150, draws=120,\n"
+        "           adapt='ensemble', kernel='chees', seed=1, progress=False)\n"
+        "hmc.sample(lambda x: -0.5 * (x * x).sum(-1), dim=2, chains=2, warmup=100, draws=100,\n"
+        "           seed=1, progress=False)\n"
+        "print('arviz_stats' in sys.modules, 'sympy' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False"]
