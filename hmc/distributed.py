@@ -17,9 +17,11 @@ other ranks return None.
 over data shards, one per rank: every rank runs every chain, and each evaluation computes
 the rank's share of the value and gradient with the energy module's one
 ``torch.autograd.grad``, then sums value and gradient over the ranks in one all-reduce of
-``C x (D + 1)`` numbers. An all-reduce leaves the same sum on every rank, so every rank
-takes the same steps and holds the same states without any further communication, and
-returns the same DataTree.
+``(C + 1) x (D + 1)`` numbers. An all-reduce leaves the same sum on every rank, so every
+rank takes the same steps and holds the same states without any further communication,
+and returns the same DataTree. An interrupt (Ctrl-C, SIGTERM) at any rank rides along the
+next all-reduce in its last row, so the ranks stop together
+(:meth:`ShardedPotential.agreed_interrupts`).
 
 **Failure.** A rank that dies closes its connections: the others' next collective fails
 and raises :class:`RankFailure` naming the rank that saw it. A rank that stalls is
@@ -199,7 +201,20 @@ class ShardedPotential(FlatTarget):
         self.rank, self.world = ranks if ranks is not None else (0, 1)
         self.log_prior = log_prior
         self.shard_log_lik = shard_log_lik
+        #: whether an interrupt came to this rank (set by :func:`hmc.sample` for its run)
+        self.interrupt_requested: Callable[[], bool] = lambda: False
+        #: the interrupts counted at the all-reduces so far, the same on every rank (a 0-d
+        #: tensor on the device after the first: read by the loop alone, between kernel calls)
+        self._interrupts: torch.Tensor | float = 0.0
         super().__init__(self._local_log_prob, dim, batched)
+
+    def agreed_interrupts(self, requested: Callable[[], bool]) -> Callable[[], bool]:
+        """For a run's loop: whether to stop, agreed across the ranks. This rank's
+        ``requested`` (a signal here) rides along the next all-reduce as one more number,
+        so every rank learns of any rank's request at the same evaluation and stops at the
+        same kernel call (each kernel call evaluates at least once), with the same draws."""
+        self.interrupt_requested, self._interrupts = requested, 0.0
+        return lambda: bool(self._interrupts > 0)
 
     def _local_log_prob(self, q: torch.Tensor) -> torch.Tensor:
         """This rank's term: its shard's log-likelihood, plus the prior on rank 0."""
@@ -209,15 +224,19 @@ class ShardedPotential(FlatTarget):
 
     def reduce[A: (torch.Tensor, np.ndarray)](self, U: A, grad: A) -> tuple[A, A]:
         """Sum the ranks' energies ``U`` ``(C,)`` (or 0-d) and gradients ``grad``
-        ``(C, D)`` (or ``(D,)``) in one all-reduce; rows that are not finite get
+        ``(C, D)`` (or ``(D,)``) in one all-reduce, with one more row that counts the ranks
+        whose interrupt came (:meth:`agreed_interrupts`); rows that are not finite get
         ``U = +inf`` and a zero gradient, as every evaluation does."""
         if self.world == 1:
             return U, grad
         arrays = isinstance(U, np.ndarray)
         values = torch.as_tensor(U).reshape(-1, 1)
         both = torch.cat([values, torch.as_tensor(grad).reshape(values.shape[0], -1)], dim=1)
+        both = torch.cat([both, both.new_zeros((1, both.shape[1]))])
+        both[-1, 0] = float(self.interrupt_requested())
         _collective("the all-reduce of value and gradient", lambda: dist.all_reduce(both))
-        total, summed = both[:, 0], both[:, 1:]
+        self._interrupts = both[-1, 0] + self._interrupts  # no read of the device here
+        total, summed = both[:-1, 0], both[:-1, 1:]
         finite = torch.isfinite(total) & torch.isfinite(summed).all(-1)
         total = torch.where(finite, total, torch.inf).reshape(U.shape)
         summed = torch.where(finite[:, None], summed, 0.0).reshape(grad.shape)

@@ -319,6 +319,8 @@ def sample(
             np.errstate(over="ignore", invalid="ignore"),
             interrupt_requests() as interrupted,
         ):
+            if reduce is not None:  # data-parallel: the ranks stop together
+                interrupted = target.agreed_interrupts(interrupted)
             run = Run(
                 settings.kernel,
                 potential,
@@ -336,6 +338,8 @@ def sample(
     finally:
         if bar is not None:
             bar.close()
+        if reduce is not None:  # no interrupt of this run's reaches later evaluations
+            target.agreed_interrupts(lambda: False)
     recorder.flush(int(completed.min()))  # what every chain completed, when interrupted
     finished = time.perf_counter()
     if completed.min() < warmup + draws and checkpoint is not None and os.path.exists(checkpoint):

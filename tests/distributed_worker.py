@@ -4,17 +4,21 @@
 chain-parallel static HMC run), ``ensemble`` (chain-parallel runs with the pooled warmup,
 ChEES and NUTS, one chain stranded), ``gradient`` (a sharded potential's value and gradient),
 ``nuts`` (a data-parallel NUTS run), ``kill`` (a data-parallel run whose last rank dies
-mid-run) or ``stall`` (one whose last rank stops answering mid-run, under a group timeout
-of :data:`STALL_TIMEOUT` seconds). Rank 0 writes what it got to ``OUT`` (an ``.npz``); a
-rank that meets ``RankFailure`` writes its message to ``OUT.rank<r>.failure``.
+mid-run), ``stall`` (one whose last rank stops answering mid-run, under a group timeout
+of :data:`STALL_TIMEOUT` seconds) or ``interrupt`` (one whose last rank alone gets a
+SIGINT mid-sampling). Rank 0 writes what it got to ``OUT`` (an ``.npz``; in ``interrupt``
+mode every rank writes ``OUT.rank<r>.npz``); a rank that meets ``RankFailure`` writes its
+message to ``OUT.rank<r>.failure``.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -25,6 +29,8 @@ from hmc.distributed import RankFailure, ShardedPotential
 
 #: the process group's timeout in seconds: the ``stall`` mode's, and the others'
 STALL_TIMEOUT, TIMEOUT = 15, 30
+#: the ``interrupt`` mode's evaluation of the last rank's shard that signals (in sampling)
+INTERRUPT_AT = 400
 #: the logistic regression's data: rows, coordinates, seed
 ROWS, DIM, DATA_SEED = 240, 3, 7
 
@@ -96,7 +102,9 @@ def main(mode: str, rank: int, world: int, port: int, out: str) -> None:
         with open(f"{out}.rank{rank}.failure", "w") as file:
             file.write(str(failure))
         os._exit(3)  # the group is broken: no orderly shutdown is possible
-    if rank == 0:
+    if mode == "interrupt":
+        np.savez(f"{out}.rank{rank}.npz", **result)
+    elif rank == 0:
         np.savez(out, **result)
     dist.destroy_process_group()
 
@@ -148,6 +156,16 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
             return shard_log_lik(beta)
 
         target = ShardedPotential(log_prior, failing, dim=DIM)
+    elif mode == "interrupt" and rank == world - 1:
+        calls = [0]
+
+        def interrupted(beta: torch.Tensor) -> torch.Tensor:
+            calls[0] += 1
+            if calls[0] == INTERRUPT_AT:  # as Ctrl-C at this rank's terminal alone would
+                os.kill(os.getpid(), signal.SIGINT)
+            return shard_log_lik(beta)
+
+        target = ShardedPotential(log_prior, interrupted, dim=DIM)
     else:
         target = ShardedPotential(log_prior, shard_log_lik, dim=DIM)
     if mode == "gradient":
@@ -155,13 +173,17 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
         q = torch.from_numpy(np.random.default_rng(3).normal(size=(6, DIM)))
         U, grad = potential.value_and_grad(q)
         return {"U": U.numpy(), "grad": grad.numpy(), "q": q.numpy()}
-    tree = hmc.sample(
-        target, chains=2, warmup=100, draws=100, seed=5, progress=False, compile=False
-    )
+    warmup, draws = (20, 300) if mode == "interrupt" else (100, 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the interrupt's warning
+        tree = hmc.sample(
+            target, chains=2, warmup=warmup, draws=draws, seed=5, progress=False, compile=False
+        )
     return {
         "x": tree["posterior"]["x"].values,
         "lp": tree["sample_stats"]["lp"].values,
         "n_steps": tree["sample_stats"]["n_steps"].values,
+        "interrupted": np.array(tree.attrs.get("interrupted", False)),
     }
 
 

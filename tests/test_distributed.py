@@ -125,6 +125,20 @@ def test_data_parallel_nuts_equals_the_one_process_run(tmp_path):
     np.testing.assert_allclose(got["x"], alone["posterior"]["x"].values, rtol=0, atol=1e-6)
 
 
+def test_an_interrupt_at_one_rank_stops_every_rank_of_a_data_parallel_run_together(tmp_path):
+    """Ctrl-C at the last rank alone, mid-sampling: its request rides along the next
+    all-reduce, so both ranks stop at the same kernel call and return the same draws, the
+    interrupted run's (without the agreement the last rank stops first and rank 0 meets
+    RankFailure at its next all-reduce)."""
+    out = tmp_path / "interrupt.npz"
+    assert launch("interrupt", out) == [0, 0]
+    first, last = (np.load(f"{out}.rank{rank}.npz") for rank in (0, 1))
+    assert first["interrupted"] and last["interrupted"]
+    assert 0 < first["x"].shape[1] < 300  # some draws, not all
+    for name in ("x", "lp", "n_steps"):
+        np.testing.assert_array_equal(first[name], last[name])
+
+
 def test_a_killed_rank_stops_the_others_with_a_clear_error(tmp_path):
     out = tmp_path / "kill.npz"
     started = time.monotonic()
