@@ -9,7 +9,8 @@ each rank its share of the chains, a contiguous block of their global indices
 from ``(seed, c)`` alone, as in one process, so its draws do not depend on the number of
 ranks. The seed is rank 0's (drawn there when none is given). With Stan's warmup the ranks
 do not talk during the run; the pooled warmup gathers every chain's state on every rank
-once per warmup iteration (:class:`ChainSplit`). At its end rank 0 gathers the others'
+once per warmup iteration (:class:`ChainSplit`), and with it any rank's interrupt, so that
+the ranks stop together (:class:`InterruptVote`). At its end rank 0 gathers the others'
 runs and returns the whole DataTree, with the end-of-run warnings for all chains; the
 other ranks return None.
 
@@ -20,8 +21,7 @@ the rank's share of the value and gradient with the energy module's one
 ``(C + 1) x (D + 1)`` numbers. An all-reduce leaves the same sum on every rank, so every
 rank takes the same steps and holds the same states without any further communication,
 and returns the same DataTree. An interrupt (Ctrl-C, SIGTERM) at any rank rides along the
-next all-reduce in its last row, so the ranks stop together
-(:meth:`ShardedPotential.agreed_interrupts`).
+next all-reduce in its last row, so the ranks stop together (:class:`InterruptVote`).
 
 **Failure.** A rank that dies closes its connections: the others' next collective fails
 and raises :class:`RankFailure` naming the rank that saw it. A rank that stalls is
@@ -32,7 +32,7 @@ the others raise the same error; no rank hangs beyond that timeout.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -76,6 +76,39 @@ def chain_share(chains: int, rank: int, world: int) -> range:
     return range(start, start + size + (rank < extra))
 
 
+class InterruptVote:
+    """An interrupt agreed among ranks that meet at collectives: a run's ``interrupted()``
+    for its loop.
+
+    This rank's request (``requested()``: a signal came here) rides along each of the run's
+    all-reduces as one more row (:meth:`extend`), whose sum every rank then holds
+    (:meth:`count`): every rank learns of any rank's request at the same collective, so
+    all stop at the same point of the run, and none is left waiting on a collective for
+    the others. While the run still has collectives ahead (``meeting``), a rank stops only
+    on a counted request; after its last one, on its own request too."""
+
+    def __init__(self, requested: Callable[[], bool] = lambda: False, meeting: bool = True):
+        self.requested = requested
+        self.meeting = meeting
+        self._count: torch.Tensor | float = 0.0  # a 0-d tensor on the device after a count
+
+    def __call__(self) -> bool:
+        """Whether to stop now (read by the loop alone, between kernel calls)."""
+        return bool(self._count > 0) or (not self.meeting and self.requested())
+
+    def extend(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` ``(N, K)`` and one more row, this rank's request in its first entry."""
+        extra = rows.new_zeros((1, rows.shape[1]))
+        extra[0, 0] = float(self.requested())
+        return torch.cat([rows, extra])
+
+    def count(self, reduced: torch.Tensor) -> torch.Tensor:
+        """Count the requests in the last row of an all-reduced :meth:`extend`; the rows
+        before it."""
+        self._count = reduced[-1, 0] + self._count  # no read of the device here
+        return reduced[:-1]
+
+
 @dataclass(frozen=True)
 class ChainSplit:
     """This rank's block ``share`` of a chain-parallel run's ``chains`` chains, for the
@@ -83,15 +116,17 @@ class ChainSplit:
 
     share: range
     chains: int
+    #: the interrupts of the ranks, counted at each gathering
+    vote: InterruptVote = field(default_factory=InterruptVote)
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         """Every chain's rows ``(chains, K)`` on every rank, from this rank's ``rows``
         ``(len(share), K)``: one all-reduce of the rows in place among zeros, exact (a sum
-        of one number and zeros)."""
-        everyone = rows.new_zeros((self.chains, rows.shape[1]))
+        of one number and zeros), with the ranks' interrupts in one more row."""
+        everyone = self.vote.extend(rows.new_zeros((self.chains, rows.shape[1])))
         everyone[self.share.start : self.share.stop] = rows
         _collective("gathering the chains for the pooled warmup", lambda: dist.all_reduce(everyone))
-        return everyone
+        return self.vote.count(everyone)
 
     def mine(self, everyone: torch.Tensor) -> torch.Tensor:
         """This rank's rows of ``everyone`` ``(chains, ...)``."""
@@ -201,20 +236,10 @@ class ShardedPotential(FlatTarget):
         self.rank, self.world = ranks if ranks is not None else (0, 1)
         self.log_prior = log_prior
         self.shard_log_lik = shard_log_lik
-        #: whether an interrupt came to this rank (set by :func:`hmc.sample` for its run)
-        self.interrupt_requested: Callable[[], bool] = lambda: False
-        #: the interrupts counted at the all-reduces so far, the same on every rank (a 0-d
-        #: tensor on the device after the first: read by the loop alone, between kernel calls)
-        self._interrupts: torch.Tensor | float = 0.0
+        #: the ranks' interrupts, counted at each all-reduce: :func:`hmc.sample` gives each
+        #: run a new one; every kernel call evaluates, so the run always meets
+        self.vote = InterruptVote()
         super().__init__(self._local_log_prob, dim, batched)
-
-    def agreed_interrupts(self, requested: Callable[[], bool]) -> Callable[[], bool]:
-        """For a run's loop: whether to stop, agreed across the ranks. This rank's
-        ``requested`` (a signal here) rides along the next all-reduce as one more number,
-        so every rank learns of any rank's request at the same evaluation and stops at the
-        same kernel call (each kernel call evaluates at least once), with the same draws."""
-        self.interrupt_requested, self._interrupts = requested, 0.0
-        return lambda: bool(self._interrupts > 0)
 
     def _local_log_prob(self, q: torch.Tensor) -> torch.Tensor:
         """This rank's term: its shard's log-likelihood, plus the prior on rank 0."""
@@ -224,19 +249,18 @@ class ShardedPotential(FlatTarget):
 
     def reduce[A: (torch.Tensor, np.ndarray)](self, U: A, grad: A) -> tuple[A, A]:
         """Sum the ranks' energies ``U`` ``(C,)`` (or 0-d) and gradients ``grad``
-        ``(C, D)`` (or ``(D,)``) in one all-reduce, with one more row that counts the ranks
-        whose interrupt came (:meth:`agreed_interrupts`); rows that are not finite get
-        ``U = +inf`` and a zero gradient, as every evaluation does."""
+        ``(C, D)`` (or ``(D,)``) in one all-reduce, with the ranks' interrupts in one more
+        row (:class:`InterruptVote`); rows that are not finite get ``U = +inf`` and a zero
+        gradient, as every evaluation does."""
         if self.world == 1:
             return U, grad
         arrays = isinstance(U, np.ndarray)
         values = torch.as_tensor(U).reshape(-1, 1)
         both = torch.cat([values, torch.as_tensor(grad).reshape(values.shape[0], -1)], dim=1)
-        both = torch.cat([both, both.new_zeros((1, both.shape[1]))])
-        both[-1, 0] = float(self.interrupt_requested())
+        both = self.vote.extend(both)
         _collective("the all-reduce of value and gradient", lambda: dist.all_reduce(both))
-        self._interrupts = both[-1, 0] + self._interrupts  # no read of the device here
-        total, summed = both[:-1, 0], both[:-1, 1:]
+        both = self.vote.count(both)
+        total, summed = both[:, 0], both[:, 1:]
         finite = torch.isfinite(total) & torch.isfinite(summed).all(-1)
         total = torch.where(finite, total, torch.inf).reshape(U.shape)
         summed = torch.where(finite[:, None], summed, 0.0).reshape(grad.shape)

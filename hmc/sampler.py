@@ -28,6 +28,7 @@ from hmc.arrays import as_arrays, as_tensors, map_record
 from hmc.checkpoint import Snapshot, read_checkpoint, write_checkpoint
 from hmc.distributed import (
     ChainSplit,
+    InterruptVote,
     ShardedPotential,
     chain_ranks,
     chain_share,
@@ -245,7 +246,9 @@ def sample(
     kept_iterations = draws + (warmup if save_warmup else 0)
     if target.dim is not None:  # before anything is allocated per chain
         check_memory(metric, chains, target.dim, kept_iterations, dtype, device, store is not None)
-    reduce = target.reduce if isinstance(target, ShardedPotential) else None
+    reduce = None
+    if isinstance(target, ShardedPotential):
+        reduce, target.vote = target.reduce, InterruptVote()  # this run's interrupts
     potential = Potential(
         target.log_prob, batched=target.batched, compile=settings.compile, reduce=reduce
     )
@@ -254,9 +257,8 @@ def sample(
         if bar is not None:
             potential.on_compile = bar.compiling
         keys = chain_keys(settings.seed, torch.arange(share.start, share.stop, device=device))
-        adapter = _adapter(
-            settings, potential, None if split is None else ChainSplit(share, all_chains)
-        )
+        chain_split = None if split is None else ChainSplit(share, all_chains)
+        adapter = _adapter(settings, potential, chain_split)
         started = time.perf_counter()
         resume = None
         if saved is None:
@@ -319,8 +321,9 @@ def sample(
             np.errstate(over="ignore", invalid="ignore"),
             interrupt_requests() as interrupted,
         ):
-            if reduce is not None:  # data-parallel: the ranks stop together
-                interrupted = target.agreed_interrupts(interrupted)
+            vote = _interrupt_vote(target, chain_split, settings)
+            if vote is not None:  # ranks that meet during the run stop together
+                vote.requested, interrupted = interrupted, vote
             run = Run(
                 settings.kernel,
                 potential,
@@ -338,8 +341,6 @@ def sample(
     finally:
         if bar is not None:
             bar.close()
-        if reduce is not None:  # no interrupt of this run's reaches later evaluations
-            target.agreed_interrupts(lambda: False)
     recorder.flush(int(completed.min()))  # what every chain completed, when interrupted
     finished = time.perf_counter()
     if completed.min() < warmup + draws and checkpoint is not None and os.path.exists(checkpoint):
@@ -485,6 +486,20 @@ def _recorder(
         sink = NetcdfStore(store, target, warmup, offset, resume is not None, skipped)
     chunk = chunk_iterations(chains, dim, like.dtype.itemsize)
     return Recorder(*sizes, store=sink, chunk=chunk)
+
+
+def _interrupt_vote(
+    target: Any, chain_split: ChainSplit | None, settings: Any
+) -> InterruptVote | None:
+    """The vote that agrees on an interrupt among ranks that meet during the run, at every
+    evaluation (data-parallel) or at every pooled warmup iteration (chain-parallel); None
+    where they do not (one process, or chain-parallel with Stan's warmup)."""
+    if isinstance(target, ShardedPotential) and target.world > 1:
+        return target.vote
+    if chain_split is not None and settings.adapt == "ensemble":
+        chain_split.vote.meeting = settings.warmup > 0  # the pooled warmup ends the meetings
+        return chain_split.vote
+    return None
 
 
 def _adapter(

@@ -5,10 +5,12 @@ chain-parallel static HMC run), ``ensemble`` (chain-parallel runs with the poole
 ChEES and NUTS, one chain stranded), ``gradient`` (a sharded potential's value and gradient),
 ``nuts`` (a data-parallel NUTS run), ``kill`` (a data-parallel run whose last rank dies
 mid-run), ``stall`` (one whose last rank stops answering mid-run, under a group timeout
-of :data:`STALL_TIMEOUT` seconds) or ``interrupt`` (one whose last rank alone gets a
-SIGINT mid-sampling). Rank 0 writes what it got to ``OUT`` (an ``.npz``; in ``interrupt``
-mode every rank writes ``OUT.rank<r>.npz``); a rank that meets ``RankFailure`` writes its
-message to ``OUT.rank<r>.failure``.
+of :data:`STALL_TIMEOUT` seconds), ``interrupt`` (one whose last rank alone gets a
+SIGINT mid-sampling) or ``pooled_interrupt`` (chain-parallel ChEES runs with the pooled
+warmup whose last rank alone gets a SIGINT, in warmup and then in sampling). Rank 0 writes
+what it got to ``OUT`` (an ``.npz``; in the interrupt modes every rank writes
+``OUT.rank<r>.npz``); a rank that meets ``RankFailure`` writes its message to
+``OUT.rank<r>.failure``.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def main(mode: str, rank: int, world: int, port: int, out: str) -> None:
         with open(f"{out}.rank{rank}.failure", "w") as file:
             file.write(str(failure))
         os._exit(3)  # the group is broken: no orderly shutdown is possible
-    if mode == "interrupt":
+    if mode in ("interrupt", "pooled_interrupt"):
         np.savez(f"{out}.rank{rank}.npz", **result)
     elif rank == 0:
         np.savez(out, **result)
@@ -141,6 +143,8 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
                 ("warmup", np.asarray(tree.attrs["tuning_steps"])),
             )
         }
+    if mode == "pooled_interrupt":
+        return pooled_interrupts(rank == world - 1)
     X, y = logistic_data()
     rows = np.array_split(np.arange(ROWS), world)[rank]
     shard_log_lik = log_lik(X[rows], y[rows])
@@ -185,6 +189,42 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
         "n_steps": tree["sample_stats"]["n_steps"].values,
         "interrupted": np.array(tree.attrs.get("interrupted", False)),
     }
+
+
+def signalling(at: int, signals: bool):
+    """:func:`elementwise` that sends this process a SIGINT at its ``at``-th call when it
+    ``signals``, as Ctrl-C at this rank's terminal alone would."""
+    calls = [0]
+
+    def log_prob(q: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if signals and calls[0] == at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return elementwise(q)
+
+    return log_prob
+
+
+def pooled_interrupts(signals: bool) -> dict[str, np.ndarray]:
+    """Two chain-parallel ChEES runs with the pooled warmup, the last rank signalling in the
+    first one's warmup and in the second one's sampling: how each ended on this rank."""
+    common = dict(
+        dim=2, chains=8, kernel="chees", adapt="ensemble", batched=True, seed=17,
+        progress=False, compile=False,
+    )  # fmt: skip
+    try:
+        hmc.sample(signalling(30, signals), warmup=100, draws=100, **common)
+        warmup_stop = "finished"
+    except KeyboardInterrupt:
+        warmup_stop = "KeyboardInterrupt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the interrupt's warning
+        tree = hmc.sample(signalling(300, signals), warmup=20, draws=300, **common)
+    result = {"warmup_stop": np.array(warmup_stop)}
+    if tree is not None:
+        result["draws"] = np.array(tree["posterior"].sizes["draw"])
+        result["interrupted"] = np.array(tree.attrs["interrupted"])
+    return result
 
 
 if __name__ == "__main__":

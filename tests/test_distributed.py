@@ -139,6 +139,20 @@ def test_an_interrupt_at_one_rank_stops_every_rank_of_a_data_parallel_run_togeth
         np.testing.assert_array_equal(first[name], last[name])
 
 
+def test_an_interrupt_at_one_rank_stops_a_pooled_warmup_on_every_rank(tmp_path):
+    """Chain-parallel runs with the pooled warmup, SIGINT to the last rank alone. In warmup
+    its request rides along the next gathering, so every rank stops there and raises
+    KeyboardInterrupt (no draws exist yet); without the agreement rank 0 would wait on the
+    next gathering and meet RankFailure. In sampling the ranks no longer meet: the last
+    rank stops, rank 0 runs on, and the run it returns is the interrupted one's."""
+    out = tmp_path / "pooled.npz"
+    assert launch("pooled_interrupt", out) == [0, 0]
+    first, last = (np.load(f"{out}.rank{rank}.npz") for rank in (0, 1))
+    assert str(first["warmup_stop"]) == str(last["warmup_stop"]) == "KeyboardInterrupt"
+    assert first["interrupted"] and 0 < int(first["draws"]) < 300
+    assert "draws" not in last  # the other ranks return None
+
+
 def test_a_killed_rank_stops_the_others_with_a_clear_error(tmp_path):
     out = tmp_path / "kill.npz"
     started = time.monotonic()

@@ -522,6 +522,8 @@ class EnsembleWarmup:
             )
         if final:
             step_size = dual_averaging_final(adaptation.dual_averaging)
+            if self.split is not None:  # the ranks meet no more: each stops on its own
+                self.split.vote.meeting = False
             if trajectory is not None:
                 trajectory = trajectory._replace(log_length=trajectory.log_length_average)
         length = params.trajectory_length
