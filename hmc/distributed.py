@@ -31,6 +31,7 @@ the others raise the same error; no rank hangs beyond that timeout.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,6 +143,27 @@ def _collective(what: str, call: Callable[[], Any]) -> Any:
             f"hmc.distributed: {what} failed on rank {dist.get_rank()}: another rank stopped, "
             f"or did not answer within the process group's timeout ({error})"
         ) from error
+
+
+def rank_file(path: str | os.PathLike) -> str | os.PathLike:
+    """``path`` for this process: ``PATH.rank<r>`` under a group of several processes
+    (each rank keeps its own checkpoint), ``path`` itself otherwise."""
+    ranks = group_ranks()
+    return path if ranks is None else f"{os.fspath(path)}.rank{ranks[0]}"
+
+
+def check_same_iteration(path: str | os.PathLike, iteration: int | None) -> None:
+    """Raise ``ValueError`` unless every rank's checkpoint (``iteration``, None for none
+    yet) stands at the same iteration: ranks that meet during a run resume together."""
+    every = [None] * dist.get_world_size()
+    _collective("comparing the checkpoints", lambda: dist.all_gather_object(every, iteration))
+    if len(set(every)) > 1:
+        raise ValueError(
+            f"checkpoint={os.fspath(path)!r}: the ranks' files stand at different iterations "
+            f"({', '.join(f'rank {r}: {i}' for r, i in enumerate(every))}; the run was "
+            "stopped while they wrote), and ranks that meet during a run (data-parallel, or "
+            "the pooled warmup) can only go on together: remove the files to start again"
+        )
 
 
 def common_seed(seed: int) -> int:

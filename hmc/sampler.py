@@ -32,9 +32,11 @@ from hmc.distributed import (
     ShardedPotential,
     chain_ranks,
     chain_share,
+    check_same_iteration,
     common_seed,
     gather_chains,
     group_ranks,
+    rank_file,
 )
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
 from hmc.interrupts import interrupt_requests, kept_draws
@@ -147,7 +149,8 @@ def sample(
     checkpoint : path, optional
         Write a checkpoint there every ``checkpoint_every`` iterations (default 100) and
         at the end of warmup; when the file exists, continue the run it holds (the same
-        arguments are required; :func:`hmc.resume` reads them from the file). See
+        arguments are required; :func:`hmc.resume` reads them from the file). Under a
+        ``torch.distributed`` process group each rank keeps its own, ``PATH.rank<r>``. See
         :mod:`hmc.checkpoint`.
     checkpoint_every : int, optional
         Iterations between checkpoints.
@@ -214,7 +217,7 @@ def sample(
     ranks, split = group_ranks(), chain_ranks(log_prob)  # (rank, world) under torch.distributed
     share = range(chains)  # the global indices of the chains this process runs
     if ranks is not None:  # every rank runs with rank 0's seed, and only rank 0 shows progress
-        _check_process_group(checkpoint, store)
+        _check_process_group(store)
         settings = settings._replace(
             seed=common_seed(settings.seed), progress=settings.progress and ranks[0] == 0
         )
@@ -225,10 +228,14 @@ def sample(
     adapted = None if adapted_from is None else read_adaptation(adapted_from)
     device = settings.device
     saved = None
-    if checkpoint is not None and os.path.exists(checkpoint):
-        saved = read_checkpoint(checkpoint)
+    checkpoint_file = None if checkpoint is None else rank_file(checkpoint)  # one per rank
+    if checkpoint_file is not None and os.path.exists(checkpoint_file):
+        saved = read_checkpoint(checkpoint_file)
         if seed is None:  # the checkpoint's run had its seed drawn: continue it
             settings = settings._replace(seed=saved["settings"]["seed"])
+    meets = isinstance(log_prob, ShardedPotential) or settings.adapt == "ensemble"
+    if checkpoint is not None and ranks is not None and meets:  # the ranks go on together
+        check_same_iteration(checkpoint, None if saved is None else saved["iteration"])
     identity = _run_identity(settings, warmup, draws, target_accept, step_size, dtype)
     identity.update(
         chains=all_chains,
@@ -240,8 +247,10 @@ def sample(
         identity["adapt"] = settings.adapt
     if store is not None:
         identity["store"] = os.fspath(store)
+    if ranks is not None:
+        identity["ranks"] = ranks[1]
     if saved is not None:
-        _check_same_run(checkpoint, saved["settings"], identity)
+        _check_same_run(checkpoint_file, saved["settings"], identity)
     target = as_target(log_prob, dim, batched)
     kept_iterations = draws + (warmup if save_warmup else 0)
     if target.dim is not None:  # before anything is allocated per chain
@@ -308,9 +317,9 @@ def sample(
         if resume is not None:
             recorder.restore(resume.positions, resume.stats, resume.divergences, resume.iteration)
         save = None
-        if checkpoint is not None:
+        if checkpoint_file is not None:
             save = functools.partial(
-                _save_checkpoint, checkpoint, {**identity, "dim": dim}, potential
+                _save_checkpoint, checkpoint_file, {**identity, "dim": dim}, potential
             )
         # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
         # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy
@@ -343,7 +352,7 @@ def sample(
             bar.close()
     recorder.flush(int(completed.min()))  # what every chain completed, when interrupted
     finished = time.perf_counter()
-    if completed.min() < warmup + draws and checkpoint is not None and os.path.exists(checkpoint):
+    if completed.min() < warmup + draws and checkpoint_file and os.path.exists(checkpoint_file):
         warnings.warn(
             f"the run can go on from its last checkpoint: hmc.resume({str(checkpoint)!r}, "
             "log_prob)",
@@ -424,14 +433,13 @@ def _warn_about_tree(tree: Any) -> None:
     )
 
 
-def _check_process_group(checkpoint: str | os.PathLike | None, store: Any) -> None:
+def _check_process_group(store: Any) -> None:
     """Refuse what a run under a process group does not do yet, before work starts."""
-    for name, value in (("checkpoint", checkpoint), ("store", store)):
-        if value is not None:
-            raise ValueError(
-                f"{name}= is not supported under a torch.distributed process group yet "
-                "(every rank would write its own file at one path)"
-            )
+    if store is not None:
+        raise ValueError(
+            "store= is not supported under a torch.distributed process group yet (the "
+            "ranks' files would have to be gathered on rank 0)"
+        )
 
 
 def resume(
@@ -450,10 +458,10 @@ def resume(
     --------
     >>> dt = hmc.resume("run.ckpt", log_prob)  # doctest: +SKIP
     """
-    saved = read_checkpoint(checkpoint)["settings"]
+    saved = read_checkpoint(rank_file(checkpoint))["settings"]
     kernel = KERNELS[saved["kernel"]["name"].lower()](**saved["kernel"]["fields"])
     dtype = getattr(torch, saved["dtype"].removeprefix("torch."))
-    as_saved = {name: saved[name] for name in saved.keys() - {"kernel", "dtype"}}
+    as_saved = {name: saved[name] for name in saved.keys() - {"kernel", "dtype", "ranks"}}
     return sample(
         log_prob, **as_saved, kernel=kernel, dtype=dtype, progress=progress, checkpoint=checkpoint
     )

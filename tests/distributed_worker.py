@@ -6,11 +6,12 @@ ChEES and NUTS, one chain stranded), ``gradient`` (a sharded potential's value a
 ``nuts`` (a data-parallel NUTS run), ``kill`` (a data-parallel run whose last rank dies
 mid-run), ``stall`` (one whose last rank stops answering mid-run, under a group timeout
 of :data:`STALL_TIMEOUT` seconds), ``interrupt`` (one whose last rank alone gets a
-SIGINT mid-sampling) or ``pooled_interrupt`` (chain-parallel ChEES runs with the pooled
-warmup whose last rank alone gets a SIGINT, in warmup and then in sampling). Rank 0 writes
-what it got to ``OUT`` (an ``.npz``; in the interrupt modes every rank writes
-``OUT.rank<r>.npz``); a rank that meets ``RankFailure`` writes its message to
-``OUT.rank<r>.failure``.
+SIGINT mid-sampling), ``pooled_interrupt`` (chain-parallel ChEES runs with the pooled
+warmup whose last rank alone gets a SIGINT, in warmup and then in sampling) or
+``checkpoint`` (a chain-parallel and a data-parallel run with checkpoints, interrupted at
+the last rank and resumed). Rank 0 writes what it got to ``OUT`` (an ``.npz``; in the
+interrupt and checkpoint modes every rank writes ``OUT.rank<r>.npz``); a rank that meets
+``RankFailure`` writes its message to ``OUT.rank<r>.failure``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ def two_modes(q: torch.Tensor) -> torch.Tensor:
     return torch.maximum(major, minor)
 
 
+#: the chain-parallel static HMC run (its draws do not depend on the number of ranks)
+CHAINS_RUN = dict(
+    dim=2, chains=5, warmup=0, draws=50, kernel=hmc.HMC(num_steps=4), step_size=0.3,
+    batched=True, seed=11, progress=False, compile=False,
+)  # fmt: skip
+#: a chain-parallel ChEES run with the pooled warmup
+POOLED_RUN = dict(
+    dim=2, chains=8, kernel="chees", adapt="ensemble", warmup=100, draws=50, batched=True,
+    seed=17, progress=False, compile=False,
+)  # fmt: skip
+#: the data-parallel NUTS run
+NUTS_RUN = dict(chains=2, warmup=100, draws=100, seed=5, progress=False, compile=False)
+
 #: the pooled warmup's runs: 8 chains, the stranded one on rank 0 (chains 0-3 of two ranks)
 #: restarts from chain 4, on rank 1
 ENSEMBLE_CHAINS, STRANDED = 8, 3
@@ -104,7 +118,7 @@ def main(mode: str, rank: int, world: int, port: int, out: str) -> None:
         with open(f"{out}.rank{rank}.failure", "w") as file:
             file.write(str(failure))
         os._exit(3)  # the group is broken: no orderly shutdown is possible
-    if mode in ("interrupt", "pooled_interrupt"):
+    if mode in ("interrupt", "pooled_interrupt", "checkpoint"):
         np.savez(f"{out}.rank{rank}.npz", **result)
     elif rank == 0:
         np.savez(out, **result)
@@ -113,10 +127,7 @@ def main(mode: str, rank: int, world: int, port: int, out: str) -> None:
 
 def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
     if mode == "chains":
-        tree = hmc.sample(
-            elementwise, dim=2, chains=5, warmup=0, draws=50, kernel=hmc.HMC(num_steps=4),
-            step_size=0.3, batched=True, seed=11, progress=False, compile=False,
-        )  # fmt: skip
+        tree = hmc.sample(elementwise, **CHAINS_RUN)
         if rank != 0:
             assert tree is None
             return {}
@@ -147,6 +158,8 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
         return pooled_interrupts(rank == world - 1)
     X, y = logistic_data()
     rows = np.array_split(np.arange(ROWS), world)[rank]
+    if mode == "checkpoint":
+        return checkpoints(rank == world - 1, log_lik(X[rows], y[rows]), out)
     shard_log_lik = log_lik(X[rows], y[rows])
     if mode in ("kill", "stall") and rank == world - 1:
         calls = [0]
@@ -177,12 +190,10 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
         q = torch.from_numpy(np.random.default_rng(3).normal(size=(6, DIM)))
         U, grad = potential.value_and_grad(q)
         return {"U": U.numpy(), "grad": grad.numpy(), "q": q.numpy()}
-    warmup, draws = (20, 300) if mode == "interrupt" else (100, 100)
+    run = NUTS_RUN | ({"warmup": 20, "draws": 300} if mode == "interrupt" else {})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the interrupt's warning
-        tree = hmc.sample(
-            target, chains=2, warmup=warmup, draws=draws, seed=5, progress=False, compile=False
-        )
+        tree = hmc.sample(target, **run)
     return {
         "x": tree["posterior"]["x"].values,
         "lp": tree["sample_stats"]["lp"].values,
@@ -191,18 +202,59 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
     }
 
 
-def signalling(at: int, signals: bool):
-    """:func:`elementwise` that sends this process a SIGINT at its ``at``-th call when it
+def signalling(at: int, signals: bool, log_prob=elementwise):
+    """``log_prob`` that sends this process a SIGINT at its ``at``-th call when it
     ``signals``, as Ctrl-C at this rank's terminal alone would."""
     calls = [0]
 
-    def log_prob(q: torch.Tensor) -> torch.Tensor:
+    def counted(q: torch.Tensor) -> torch.Tensor:
         calls[0] += 1
         if signals and calls[0] == at:
             os.kill(os.getpid(), signal.SIGINT)
-        return elementwise(q)
+        return log_prob(q)
 
-    return log_prob
+    return counted
+
+
+def checkpoints(signals: bool, shard_log_lik, out: str) -> dict[str, np.ndarray]:
+    """With ``checkpoint=``, the last rank signalling: the chain-parallel static HMC run
+    (interrupted, then :func:`hmc.resume`), the chain-parallel pooled warmup (interrupted
+    in warmup, then the same call again), the data-parallel NUTS run (the same), and the
+    data-parallel run again once the last rank's file is gone (refused on every rank)."""
+    result = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the interrupt's and the resumable run's warnings
+        for name, log_prob, run, at in (
+            ("chains", signalling(100, signals), CHAINS_RUN, 0),
+            ("pooled", signalling(30, signals), POOLED_RUN, 0),
+            ("nuts", None, NUTS_RUN, 600),
+        ):
+            if log_prob is None:
+                log_prob = ShardedPotential(
+                    log_prior, signalling(at, signals, shard_log_lik), dim=DIM
+                )
+            options = run | {"checkpoint": f"{out}.{name}.ckpt", "checkpoint_every": 10}
+            try:
+                first = hmc.sample(log_prob, **options)
+                result[f"{name}_first_draws"] = np.array(
+                    -1 if first is None else first["posterior"].sizes["draw"]
+                )
+            except KeyboardInterrupt:  # in warmup: the checkpoint is written, no draws yet
+                result[f"{name}_first_draws"] = np.array(0)
+            if name == "chains":  # resume reads the settings from this rank's file
+                again = hmc.resume(options["checkpoint"], log_prob, progress=False)
+            else:
+                again = hmc.sample(log_prob, **options)
+            if again is not None:
+                result[f"{name}_x"] = again["posterior"]["x"].values
+    if signals:
+        os.remove(f"{out}.nuts.ckpt.rank{dist.get_rank()}")
+    dist.barrier()
+    try:
+        hmc.sample(log_prob, **options)
+    except ValueError as error:
+        result["refused"] = np.array(str(error))
+    return result
 
 
 def pooled_interrupts(signals: bool) -> dict[str, np.ndarray]:

@@ -63,10 +63,7 @@ def test_chain_parallel_run_equals_one_process_chain_for_chain(tmp_path):
     out = tmp_path / "chains.npz"
     assert launch("chains", out) == [0, 0]
     got = np.load(out)
-    alone = hmc.sample(
-        worker.elementwise, dim=2, chains=5, warmup=0, draws=50, kernel=hmc.HMC(num_steps=4),
-        step_size=0.3, batched=True, seed=11, progress=False, compile=False,
-    )  # fmt: skip
+    alone = hmc.sample(worker.elementwise, **worker.CHAINS_RUN)
     assert got["ranks"] == 2
     np.testing.assert_array_equal(got["chain"], np.arange(5))
     np.testing.assert_allclose(got["x"], alone["posterior"]["x"].values, rtol=0, atol=1e-12)
@@ -115,10 +112,7 @@ def test_data_parallel_nuts_equals_the_one_process_run(tmp_path):
     out = tmp_path / "nuts.npz"
     assert launch("nuts", out) == [0, 0]
     got = np.load(out)
-    alone = hmc.sample(
-        full_data_log_prob(), dim=worker.DIM, chains=2, warmup=100, draws=100, seed=5,
-        progress=False, compile=False,
-    )  # fmt: skip
+    alone = hmc.sample(full_data_log_prob(), dim=worker.DIM, **worker.NUTS_RUN)
     # the same trees, and the same draws up to the rounding of the likelihood's sum taken in
     # two parts, grown through 100 iterations of adaptation (measured: 2.3e-8 at most)
     np.testing.assert_array_equal(got["n_steps"], alone["sample_stats"]["n_steps"].values)
@@ -151,6 +145,32 @@ def test_an_interrupt_at_one_rank_stops_a_pooled_warmup_on_every_rank(tmp_path):
     assert str(first["warmup_stop"]) == str(last["warmup_stop"]) == "KeyboardInterrupt"
     assert first["interrupted"] and 0 < int(first["draws"]) < 300
     assert "draws" not in last  # the other ranks return None
+
+
+def test_checkpoints_under_a_process_group_resume_each_rank(tmp_path):
+    """Each rank keeps its own checkpoint (``PATH.rank<r>``). The last rank alone is
+    interrupted mid-run with checkpoints on, then ``hmc.resume`` or the same call goes on,
+    and the whole run equals the uninterrupted one-process run: chain-parallel static HMC
+    and ChEES interrupted in its pooled warmup to rounding, data-parallel NUTS to the
+    likelihood sum's order (as without checkpoints). Ranks that meet during a run refuse
+    to resume from files at different iterations."""
+    out = tmp_path / "ckpt"
+    assert launch("checkpoint", out, limit=240) == [0, 0]
+    first, last = (np.load(f"{out}.rank{rank}.npz") for rank in (0, 1))
+    assert 0 < int(first["chains_first_draws"]) < 50  # rank 0 gathered the interrupted run
+    assert int(last["chains_first_draws"]) == -1  # the other ranks return None
+    alone = hmc.sample(worker.elementwise, **worker.CHAINS_RUN)
+    np.testing.assert_allclose(first["chains_x"], alone["posterior"]["x"].values, atol=1e-9)
+    assert int(first["pooled_first_draws"]) == int(last["pooled_first_draws"]) == 0  # warmup
+    alone = hmc.sample(worker.elementwise, **worker.POOLED_RUN)
+    np.testing.assert_allclose(first["pooled_x"], alone["posterior"]["x"].values, atol=1e-9)
+    assert int(first["nuts_first_draws"]) < 100
+    np.testing.assert_array_equal(first["nuts_x"], last["nuts_x"])
+    full = hmc.sample(full_data_log_prob(), dim=worker.DIM, **worker.NUTS_RUN)
+    np.testing.assert_allclose(first["nuts_x"], full["posterior"]["x"].values, atol=1e-6)
+    for got in (first, last):
+        assert "the ranks' files stand at different iterations" in str(got["refused"])
+        assert "(rank 0: 200, rank 1: None;" in str(got["refused"])
 
 
 def test_a_killed_rank_stops_the_others_with_a_clear_error(tmp_path):
