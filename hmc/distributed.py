@@ -103,6 +103,11 @@ class InterruptVote:
         extra[0, 0] = float(self.requested())
         return torch.cat([rows, extra])
 
+    def adjourn(self) -> None:
+        """The run's last collective is past: the count is read once, and from now on each
+        rank stops on its own request too."""
+        self._count, self.meeting = float(self._count), False
+
     def count(self, reduced: torch.Tensor) -> torch.Tensor:
         """Count the requests in the last row of an all-reduced :meth:`extend`; the rows
         before it."""

@@ -523,7 +523,7 @@ class EnsembleWarmup:
         if final:
             step_size = dual_averaging_final(adaptation.dual_averaging)
             if self.split is not None:  # the ranks meet no more: each stops on its own
-                self.split.vote.meeting = False
+                self.split.vote.adjourn()
             if trajectory is not None:
                 trajectory = trajectory._replace(log_length=trajectory.log_length_average)
         length = params.trajectory_length
