@@ -18,6 +18,9 @@ __all__ = ["ess", "split_rhat"]
 
 #: fewest draws per chain, and chains, with which ArviZ computes R-hat (else NaN)
 MIN_DRAWS, MIN_CHAINS = 4, 2
+#: numbers of draws :func:`split_rhat` takes at a time (1 MiB of float64), so that its
+#: copies and temporaries add little to a long run's memory however many coordinates
+BLOCK = 2**17
 
 
 def split_rhat(draws: np.ndarray) -> np.ndarray:
@@ -30,15 +33,20 @@ def split_rhat(draws: np.ndarray) -> np.ndarray:
     :data:`MIN_CHAINS` chains or :data:`MIN_DRAWS` draws, or with a NaN among the draws; a
     coordinate that never moves (``W = 0``) gets NaN or infinity."""
     draws = np.asarray(draws, dtype=float)
-    chains, length = draws.shape[-2:]
+    *leading, chains, length = draws.shape
     if chains < MIN_CHAINS or length < MIN_DRAWS:
-        return np.full(draws.shape[:-2], np.nan)
-    halves = _split_chains(draws)
-    n = halves.shape[-1]
-    with np.errstate(invalid="ignore", divide="ignore"):  # infinite draws, W = 0
-        within = halves.var(-1, ddof=1).mean(-1)
-        between = n * halves.mean(-1).var(-1, ddof=1)
-        return np.sqrt((between / within + n - 1) / n)
+        return np.full(leading, np.nan)
+    rows = draws.reshape(-1, chains, length)
+    rhat = np.empty(rows.shape[0])
+    step = max(1, BLOCK // (chains * length))  # the temporaries stay within a block
+    for start in range(0, rows.shape[0], step):
+        halves = _split_chains(rows[start : start + step])
+        n = halves.shape[-1]
+        with np.errstate(invalid="ignore", divide="ignore"):  # infinite draws, W = 0
+            within = halves.var(-1, ddof=1).mean(-1)
+            between = n * halves.mean(-1).var(-1, ddof=1)
+            rhat[start : start + step] = np.sqrt((between / within + n - 1) / n)
+    return rhat.reshape(leading)
 
 
 def ess(draws: np.ndarray, method: str = "bulk") -> float:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from arviz_stats.base import array_stats
 
+from hmc import diagnostics
 from hmc.diagnostics import ess, split_rhat
 
 
@@ -54,12 +55,15 @@ def test_split_rhat_equals_arviz(name: str) -> None:
     assert same(float(split_rhat(draws)), expected)
 
 
-def test_split_rhat_takes_leading_axes() -> None:
-    draws = np.stack([autoregressive(0.8, 4, 100, seed) for seed in range(6)])  # (6, 4, 100)
-    draws[2] += 3 * np.arange(4)[:, None]
+@pytest.mark.parametrize("block", [diagnostics.BLOCK, 800])  # 800: two rows at a time
+def test_split_rhat_takes_leading_axes(monkeypatch, block: int) -> None:
+    monkeypatch.setattr(diagnostics, "BLOCK", block)
+    draws = np.stack([autoregressive(0.8, 4, 100, seed) for seed in range(15)])
+    draws = draws.reshape(3, 5, 4, 100)
+    draws[1, 2] += 3 * np.arange(4)[:, None]
     expected = array_stats.rhat(draws, chain_axis=-2, draw_axis=-1, method="split")
     np.testing.assert_allclose(split_rhat(draws), expected, rtol=1e-12)
-    assert split_rhat(draws)[2] > 1.5
+    assert split_rhat(draws)[1, 2] > 1.5
 
 
 def test_ess_refuses_an_unknown_method() -> None:
