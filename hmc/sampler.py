@@ -221,9 +221,12 @@ def sample(
         settings = settings._replace(
             seed=common_seed(settings.seed), progress=settings.progress and ranks[0] == 0
         )
+    chain_split = None
     if split is not None:
         share = chain_share(chains, *split)
+        chain_split = ChainSplit(share, chains, InterruptVote(meeting=settings.warmup > 0))
     all_chains, chains = chains, len(share)
+    vote = _interrupt_vote(log_prob, chain_split, settings.adapt)  # None: the ranks never meet
     metric, warmup, target_accept = settings.metric, settings.warmup, settings.target_accept
     adapted = None if adapted_from is None else read_adaptation(adapted_from)
     device = settings.device
@@ -233,8 +236,7 @@ def sample(
         saved = read_checkpoint(checkpoint_file)
         if seed is None:  # the checkpoint's run had its seed drawn: continue it
             settings = settings._replace(seed=saved["settings"]["seed"])
-    meets = isinstance(log_prob, ShardedPotential) or settings.adapt == "ensemble"
-    if checkpoint is not None and ranks is not None and meets:  # the ranks go on together
+    if checkpoint is not None and vote is not None:  # ranks that meet go on together
         check_same_iteration(checkpoint, None if saved is None else saved["iteration"])
     identity = _run_identity(settings, warmup, draws, target_accept, step_size, dtype)
     identity.update(
@@ -255,9 +257,7 @@ def sample(
     kept_iterations = draws + (warmup if save_warmup else 0)
     if target.dim is not None:  # before anything is allocated per chain
         check_memory(metric, chains, target.dim, kept_iterations, dtype, device, store is not None)
-    reduce = None
-    if isinstance(target, ShardedPotential):
-        reduce, target.vote = target.reduce, InterruptVote()  # this run's interrupts
+    reduce = target.reduce if isinstance(target, ShardedPotential) else None
     potential = Potential(
         target.log_prob, batched=target.batched, compile=settings.compile, reduce=reduce
     )
@@ -266,7 +266,6 @@ def sample(
         if bar is not None:
             potential.on_compile = bar.compiling
         keys = chain_keys(settings.seed, torch.arange(share.start, share.stop, device=device))
-        chain_split = None if split is None else ChainSplit(share, all_chains)
         adapter = _adapter(settings, potential, chain_split)
         started = time.perf_counter()
         resume = None
@@ -330,7 +329,6 @@ def sample(
             np.errstate(over="ignore", invalid="ignore"),
             interrupt_requests() as interrupted,
         ):
-            vote = _interrupt_vote(target, chain_split, settings)
             if vote is not None:  # ranks that meet during the run stop together
                 vote.requested, interrupted = interrupted, vote
             run = Run(
@@ -497,15 +495,16 @@ def _recorder(
 
 
 def _interrupt_vote(
-    target: Any, chain_split: ChainSplit | None, settings: Any
+    log_prob: Any, chain_split: ChainSplit | None, adapt: str
 ) -> InterruptVote | None:
-    """The vote that agrees on an interrupt among ranks that meet during the run, at every
-    evaluation (data-parallel) or at every pooled warmup iteration (chain-parallel); None
-    where they do not (one process, or chain-parallel with Stan's warmup)."""
-    if isinstance(target, ShardedPotential) and target.world > 1:
-        return target.vote
-    if chain_split is not None and settings.adapt == "ensemble":
-        chain_split.vote.meeting = settings.warmup > 0  # the pooled warmup ends the meetings
+    """The run's vote on interrupts where its ranks meet during the run: at every
+    evaluation (data-parallel: a new vote for the sharded density's all-reduces) or at
+    every pooled warmup iteration (chain-parallel); None where they do not (one process,
+    or chain-parallel with Stan's warmup)."""
+    if isinstance(log_prob, ShardedPotential) and log_prob.world > 1:
+        log_prob.vote = InterruptVote()
+        return log_prob.vote
+    if chain_split is not None and adapt == "ensemble":
         return chain_split.vote
     return None
 
