@@ -158,9 +158,9 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
         return pooled_interrupts(rank == world - 1)
     X, y = logistic_data()
     rows = np.array_split(np.arange(ROWS), world)[rank]
-    if mode == "checkpoint":
-        return checkpoints(rank == world - 1, log_lik(X[rows], y[rows]), out)
     shard_log_lik = log_lik(X[rows], y[rows])
+    if mode == "checkpoint":
+        return checkpoints(rank == world - 1, shard_log_lik, out)
     if mode in ("kill", "stall") and rank == world - 1:
         calls = [0]
 
@@ -173,18 +173,11 @@ def run(mode: str, rank: int, world: int) -> dict[str, np.ndarray]:
             return shard_log_lik(beta)
 
         target = ShardedPotential(log_prior, failing, dim=DIM)
-    elif mode == "interrupt" and rank == world - 1:
-        calls = [0]
-
-        def interrupted(beta: torch.Tensor) -> torch.Tensor:
-            calls[0] += 1
-            if calls[0] == INTERRUPT_AT:  # as Ctrl-C at this rank's terminal alone would
-                os.kill(os.getpid(), signal.SIGINT)
-            return shard_log_lik(beta)
-
-        target = ShardedPotential(log_prior, interrupted, dim=DIM)
     else:
-        target = ShardedPotential(log_prior, shard_log_lik, dim=DIM)
+        signals = mode == "interrupt" and rank == world - 1
+        target = ShardedPotential(
+            log_prior, signalling(INTERRUPT_AT, signals, shard_log_lik), dim=DIM
+        )
     if mode == "gradient":
         potential = hmc.Potential(target.log_prob, reduce=target.reduce, compile=False)
         q = torch.from_numpy(np.random.default_rng(3).normal(size=(6, DIM)))
