@@ -129,14 +129,16 @@ class ChainSplit:
         """Every chain's rows ``(chains, K)`` on every rank, from this rank's ``rows``
         ``(len(share), K)``: one all-reduce of the rows in place among zeros, exact (a sum
         of one number and zeros), with the ranks' interrupts in one more row."""
-        everyone = self.vote.extend(rows.new_zeros((self.chains, rows.shape[1])))
-        everyone[self.share.start : self.share.stop] = rows
-        _collective("gathering the chains for the pooled warmup", lambda: dist.all_reduce(everyone))
-        return self.vote.count(everyone)
+        all_chains = self.vote.extend(rows.new_zeros((self.chains, rows.shape[1])))
+        all_chains[self.share.start : self.share.stop] = rows
+        _collective(
+            "gathering the chains for the pooled warmup", lambda: dist.all_reduce(all_chains)
+        )
+        return self.vote.count(all_chains)
 
-    def mine(self, everyone: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of ``everyone`` ``(chains, ...)``."""
-        return everyone[self.share.start : self.share.stop]
+    def own_rows(self, all_chains: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of ``all_chains`` ``(chains, ...)``."""
+        return all_chains[self.share.start : self.share.stop]
 
 
 def _collective(what: str, call: Callable[[], Any]) -> Any:

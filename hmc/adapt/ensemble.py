@@ -375,7 +375,7 @@ class EnsembleWarmup:
         counter = torch.zeros_like(keys)
         step_size, counter = self.search(state, params.step_size, params.metric, keys, counter)
         length = params.trajectory_length
-        searched, initial, *lengths = self._everyone(
+        searched, initial, *lengths = self._gather_chains(
             step_size, params.step_size, *([] if length is None else [length])
         )
         common = searched.log().mean().exp().reshape(1)
@@ -440,11 +440,11 @@ class EnsembleWarmup:
         tensors, or NumPy arrays for the NumPy engine: they are viewed as
         tensors; the returned state is of the same kind)."""
         on_numpy = isinstance(state.position, np.ndarray)
-        mine, adaptation = as_tensors(state), as_tensors(adaptation)
-        own = mine.position.shape[0]  # this process's chains; `chains` all of them
+        own_state, adaptation = as_tensors(state), as_tensors(adaptation)
+        own = own_state.position.shape[0]  # this process's chains; `chains` all of them
         proposal = adaptation.proposal
-        position, potential, grad, accept, *trajectories = self._everyone(
-            *mine, adaptation.accept, *(() if proposal is None else proposal)
+        position, potential, grad, accept, *trajectories = self._gather_chains(
+            *own_state, adaptation.accept, *(() if proposal is None else proposal)
         )
         tensors = State(position, potential, grad)
         proposal = None if proposal is None else Proposal(*trajectories)
@@ -496,16 +496,16 @@ class EnsembleWarmup:
             # from the one it restarted from before any draw is kept
             restarted_state = _restart_stranded(tensors, stranded)
             if restarted_state is not tensors:
-                changed, tensors = bool(self._mine(stranded).any()), restarted_state
+                changed, tensors = bool(self._own_rows(stranded).any()), restarted_state
                 adaptation = adaptation._replace(restarted=adaptation.restarted | stranded)
-        mine = State(*map(self._mine, tensors)) if changed else mine
+        own_state = State(*map(self._own_rows, tensors)) if changed else own_state
         if ends_window:
             inverse = pooled_inverse_metric(adaptation.position, adaptation.gradient)
             metric = metric_from_inverse(inverse[None].expand(own, *inverse.shape).clone())
             searched, counter = self.search(
-                mine, step_size.expand(own).clone(), metric, keys, adaptation.search_counter
+                own_state, step_size.expand(own).clone(), metric, keys, adaptation.search_counter
             )
-            common = self._everyone(searched)[0].log().mean().exp().reshape(1)
+            common = self._gather_chains(searched)[0].log().mean().exp().reshape(1)
             da = dual_averaging_init(common)
             step_size = common
             last = iteration == windows[-1][1]
@@ -547,10 +547,10 @@ class EnsembleWarmup:
             if length is not None:
                 new_params = new_params._replace(trajectory_length=length.numpy())
         if changed:
-            state = State(*(x.numpy() for x in mine)) if on_numpy else mine
+            state = State(*(x.numpy() for x in own_state)) if on_numpy else own_state
         return Pooled(adaptation, new_params, state, skip_to)
 
-    def _everyone(self, *rows: torch.Tensor) -> list[torch.Tensor]:
+    def _gather_chains(self, *rows: torch.Tensor) -> list[torch.Tensor]:
         """Every chain's ``rows`` (each ``(C, ...)``, the chains of this process; floating
         point), gathered from the ranks of a chain-parallel run in one collective (the
         very tensors in one process)."""
@@ -562,9 +562,9 @@ class EnsembleWarmup:
         pairs = zip(gathered, rows, strict=True)
         return [g.reshape(-1, *x.shape[1:]).to(x.dtype) for g, x in pairs]
 
-    def _mine(self, everyone: torch.Tensor) -> torch.Tensor:
-        """This process's rows of ``everyone`` ``(chains, ...)``."""
-        return everyone if self.split is None else self.split.mine(everyone)
+    def _own_rows(self, all_chains: torch.Tensor) -> torch.Tensor:
+        """This process's rows of ``all_chains`` ``(chains, ...)``."""
+        return all_chains if self.split is None else self.split.own_rows(all_chains)
 
 
 def settled(log_density: torch.Tensor, inverse: torch.Tensor, previous: torch.Tensor) -> bool:

@@ -120,7 +120,7 @@ class HostNUTSState:
         self.dtype = dtype
         self.depths = depths  # (warmup, sampling) depth caps
         self.max_energy_error = max_energy_error
-        self.nobody = np.zeros(len(chains), dtype=bool)  # ``done`` when no chain finished
+        self.none_done = np.zeros(len(chains), dtype=bool)  # ``done`` when no chain finished
         self.rows = np.arange(len(chains))
         # momentum noise (C, _NOISE_BLOCK, D) of transitions noise_from[c] onwards
         self.noise: np.ndarray | None = None
@@ -195,7 +195,7 @@ def advance(
     busy = [c for c, chain in enumerate(chains) if chain.in_flight]
     kernel_state.moved, kernel_state.finished = busy, []
     if not busy:
-        return kernel_state, kernel_state.nobody
+        return kernel_state, kernel_state.none_done
     for c in busy:
         if chains[c].leaf == 0:
             moved |= _begin_doubling(
@@ -222,7 +222,7 @@ def advance(
             finished.append(c)
     kernel_state.finished = finished
     if not finished:
-        return kernel_state, kernel_state.nobody
+        return kernel_state, kernel_state.none_done
     done = np.zeros(len(chains), dtype=bool)
     done[finished] = True
     return kernel_state, done
