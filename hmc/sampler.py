@@ -142,6 +142,13 @@ def sample(
         terminal and the ``CI`` environment variable is not set.
     batched : bool
         ``log_prob`` takes ``(C, D)`` and returns ``(C,)``.
+    compile : True, False or "auto"
+        Evaluate the energy and its gradient through one graph built by ``torch.compile``
+        (:mod:`hmc.compiled`), compiled at the initial points. ``"auto"`` (the default)
+        compiles a run known to reach 1000 iterations per chain and leaves shorter ones
+        eager; a pooled warmup that may stop early compiles only if the run goes on
+        (:func:`hmc.settings.auto_compile`). Without a working compiler the run goes on
+        eagerly after one warning.
     adapted_from : DataTree or path, optional
         A previous run (its DataTree, or a checkpoint it wrote at or after the end of its
         warmup) whose adapted step sizes and inverse metrics this run starts from

@@ -35,6 +35,7 @@ __all__ = [
     "METRICS",
     "Settings",
     "as_target",
+    "auto_compile",
     "check_memory",
     "init_radius",
     "validate",
@@ -50,7 +51,8 @@ CHEES_TARGET_ACCEPT = 0.651
 #: ``hmc.sample(compile="auto")`` compiles runs of at least this many iterations per chain
 #: (warmup + draws; the default run has 2,000): at that length the eager gradients of every
 #: built-in posterior take longer than compiling it (benchmarks/RESULTS.md, compiled
-#: energy). Shorter runs (tests, a quick look) stay eager.
+#: energy). Shorter runs (tests, a quick look) stay eager. The pooled warmup's length is
+#: not known in advance (:func:`auto_compile`).
 AUTO_COMPILE_ITERATIONS = 1000
 #: iterations between checkpoints when ``checkpoint=`` is given alone
 DEFAULT_CHECKPOINT_EVERY = 100
@@ -60,10 +62,11 @@ KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS, "chees": C
 class Settings(NamedTuple):
     """The kernel to run, the metric's name (lower case), the seed (drawn when none was
     given), whether to show progress, the chains' device, the run's engine
-    (:func:`hmc.arrays.engine_for`), whether to compile the energy (``compile="auto"``
-    decided by :data:`AUTO_COMPILE_ITERATIONS`), the warmup adaptation's name (by default
-    ``"ensemble"`` for ChEES), the number of warmup iterations and the target acceptance
-    statistic (by default Stan's 0.8, or :data:`CHEES_TARGET_ACCEPT` for ChEES)."""
+    (:func:`hmc.arrays.engine_for`), whether to compile the energy (True, False, or
+    ``"auto"`` for the energy to decide: :func:`auto_compile`), the warmup adaptation's
+    name (by default ``"ensemble"`` for ChEES), the number of warmup iterations and the
+    target acceptance statistic (by default Stan's 0.8, or :data:`CHEES_TARGET_ACCEPT`
+    for ChEES)."""
 
     kernel: Kernel
     metric: str
@@ -71,7 +74,7 @@ class Settings(NamedTuple):
     progress: bool
     device: torch.device
     engine: str
-    compile: bool
+    compile: bool | str
     adapt: str
     warmup: int
     target_accept: float
@@ -136,7 +139,7 @@ def validate(**kw: Any) -> Settings:
     device = _device(kw["device"])
     compile = kw["compile"]
     if compile == "auto":
-        compile = bool(warmup + kw["draws"] >= AUTO_COMPILE_ITERATIONS)
+        compile = auto_compile(adapt, warmup, kw["draws"])
     return Settings(
         kernel,
         metric.lower(),
@@ -149,6 +152,20 @@ def validate(**kw: Any) -> Settings:
         warmup,
         float(target_accept),
     )
+
+
+def auto_compile(adapt: str, warmup: int, draws: int) -> bool | str:
+    """What ``compile="auto"`` means for a run: compile from the start (True) when the run
+    is known to reach :data:`AUTO_COMPILE_ITERATIONS` iterations per chain, never (False)
+    when it cannot. The pooled warmup (``adapt="ensemble"``) stops once the chains have
+    settled, typically after 120-200 of its ``warmup`` iterations, so only its draws are
+    known: where the cap could reach the threshold, the energy decides for itself
+    (``"auto"``: :class:`hmc.Potential` compiles at its ``AUTO_COMPILE_CALLS``-th
+    evaluation, once the run has gone on long enough to pay for it)."""
+    known = draws if adapt == "ensemble" else warmup + draws
+    if known >= AUTO_COMPILE_ITERATIONS:
+        return True
+    return "auto" if warmup + draws >= AUTO_COMPILE_ITERATIONS else False
 
 
 def _adaptation(adapt: Any, kernel: Kernel) -> str:

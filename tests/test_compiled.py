@@ -21,7 +21,7 @@ import hmc
 import hmc.models
 import hmc.potential
 from hmc.potential import Potential
-from hmc.settings import AUTO_COMPILE_ITERATIONS
+from hmc.settings import AUTO_COMPILE_ITERATIONS, auto_compile
 
 F64 = torch.float64
 
@@ -153,6 +153,38 @@ def test_short_runs_stay_eager_by_default(standard_normal):
     dt = hmc.sample(standard_normal, dim=2, chains=2, warmup=100, draws=100, seed=1, progress=False)
     assert AUTO_COMPILE_ITERATIONS > 200
     assert dt.attrs["compiled"] == 0 and dt.attrs["compile_time"] == 0
+
+
+def test_auto_compiles_runs_known_to_be_long_and_lets_the_pooled_warmup_decide_as_it_goes():
+    """Stan's warmup has a known length; the pooled warmup stops when the chains settle
+    (often at 120 of its 1000 iterations), so only its draws count in advance."""
+    assert auto_compile("stan", 1000, 1000) is True
+    assert auto_compile("stan", 500, 400) is False
+    assert auto_compile("ensemble", 1000, 1000) is True
+    assert auto_compile("ensemble", 1000, 20) == "auto"
+    assert auto_compile("ensemble", 200, 20) is False
+
+
+def test_the_many_short_chains_recipe_stays_eager_when_its_warmup_stops_early(standard_normal):
+    """The README's recipe (the pooled warmup's default cap of 1000, a few draws): the
+    chains settle at iteration 120, long before compiling would pay."""
+    dt = hmc.sample(
+        standard_normal, dim=3, chains=64, kernel="chees", draws=20, seed=1, progress=False
+    )
+    assert dt.attrs["tuning_steps"] < 500
+    assert dt.attrs["compiled"] == 0 and dt.attrs["compile_time"] == 0
+
+
+def test_a_pooled_warmup_that_goes_on_compiles_as_it_goes(monkeypatch, standard_normal):
+    """With the energy's own count lowered to 100 evaluations, the same recipe compiles
+    mid-warmup, and the run says so."""
+    monkeypatch.setattr(hmc.potential, "AUTO_COMPILE_CALLS", 100)
+    dt = hmc.sample(
+        standard_normal, dim=3, chains=8, kernel="chees", draws=20, seed=1, progress=False
+    )
+    assert dt.attrs["compiled"] == 1 and dt.attrs["compile_time"] > 0
+    assert dt.attrs["n_gradient_evaluations"] > 100 * 8
+    assert np.isfinite(dt["posterior"]["x"].values).all()
 
 
 @pytest.mark.parametrize(
