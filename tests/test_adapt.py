@@ -312,3 +312,53 @@ def test_numpy_engine_adaptation_matches_the_torch_one(standard_normal):
     for host, tensor in zip(host_warm.dual_averaging, warm.dual_averaging, strict=True):
         np.testing.assert_allclose(host, tensor.numpy(), rtol=1e-12, atol=1e-14)
     np.testing.assert_array_equal(host_warm.search_counter, warm.search_counter.numpy())
+
+
+def test_a_window_end_elsewhere_leaves_a_chains_dual_averaging_bit_for_bit(standard_normal):
+    """With the NumPy engine, dual averaging computes in NumPy whether or not another chain
+    ends its window in the same call (NumPy's and torch's powers differ in their last
+    bits): a chain's step size depends on its own transitions, not on which chains finish
+    with it. Chain 0 ends its window; the 63 others are past theirs."""
+    from hmc.arrays import as_arrays, as_tensors
+
+    chains, dim = 64, 2
+    potential = hmc.Potential(standard_normal, batched=True)
+    keys = chain_keys(5, torch.arange(chains))
+    schedule = build_schedule(150)  # one slow window, (75, 99)
+    search = functools.partial(find_reasonable_step_size, potential=potential)
+    adapter = StanWarmup(as_arrays(schedule), search)
+    rng = np.random.default_rng(1)
+
+    def draws() -> hmc.State:
+        q = rng.normal(size=(chains, dim))
+        return hmc.State(q, *potential.value_and_grad(q))
+
+    unit = metric_from_inverse(torch.ones(chains, dim, dtype=DTYPE))
+    warm, tuned = adapter.init(
+        as_tensors(draws()), Params(torch.ones(chains, dtype=DTYPE), unit), keys
+    )
+    warm, params = as_arrays(warm), Params(tuned.step_size.numpy(), unit)
+    everyone = np.ones(chains, dtype=bool)
+    for t in range(75, 99):  # chain 0 fills its window; the others are in the last buffer
+        iteration = np.where(np.arange(chains) == 0, t, 120)
+        warm, params = adapter.update(
+            warm, params, everyone, iteration, rng.random(chains), draws(), keys, False
+        )
+    da = warm.dual_averaging  # chains at different counts of their dual averaging
+    warm = warm._replace(dual_averaging=da._replace(counter=np.arange(chains) + 1.0))
+    iteration, accept, state = (
+        np.where(np.arange(chains) == 0, 99, 120),
+        rng.random(chains),
+        draws(),
+    )
+    others = np.arange(chains) > 0
+    with_end, with_end_params = adapter.update(
+        warm, params, everyone, iteration, accept, state, keys, window_ends=True
+    )
+    without, without_params = adapter.update(
+        warm, params, others, iteration, accept, state, keys, window_ends=False
+    )
+    assert not np.array_equal(with_end_params.metric.inverse[0], params.metric.inverse[0])
+    for name, a, b in zip(da._fields, with_end.dual_averaging, without.dual_averaging, strict=True):
+        np.testing.assert_array_equal(a[1:], b[1:], err_msg=name)
+    np.testing.assert_array_equal(with_end_params.step_size[1:], without_params.step_size[1:])

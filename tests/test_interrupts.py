@@ -142,9 +142,11 @@ def test_interrupt_with_a_checkpoint_writes_one_where_the_chains_stand(tmp_path)
     """Ctrl-C during warmup, with checkpoints only at the end of warmup: the chains run to
     a common iteration and a checkpoint is written there; resuming from it gives the
     uninterrupted run: the same trees, and the same draws to rounding (from there on the
-    chains are batched differently than in the uninterrupted run, where they did not wait
-    for each other at that iteration; how a batch's rows are summed depends on its size
-    and on the CPU's vector width: 2e-14 measured)."""
+    chains finish their transitions in other company than in the uninterrupted run,
+    where they did not wait for each other at that iteration; a chain's arithmetic must
+    not depend on that company, or a rounding difference can grow into another tree:
+    dual averaging once computed in torch in calls where another chain ended a window,
+    and this test failed in about one run in four)."""
     from hmc.checkpoint import read_checkpoint
 
     settings = dict(dim=3, chains=3, warmup=1000, draws=50, seed=5, batched=True)

@@ -22,16 +22,19 @@ size (Stan sets ``mu`` from its ``stepsize`` argument before the heuristic runs)
 Because every step takes a mask of the chains that just finished a transition, chains can
 be at different iterations (as they are under asynchronous NUTS).
 
-The arrays are those of the run's engine (:mod:`hmc.arrays`). The rare update at a
-window end runs on tensors (a NumPy engine's arrays are viewed as tensors there, without
-copies). The step-size heuristic is passed in (``search``), so this package runs no
-leapfrog step and knows nothing of kernels or the energy module.
+The arrays are those of the run's engine (:mod:`hmc.arrays`), and dual averaging and the
+variance estimates always compute in it, so a chain's step size does not depend on which
+other chains finish a transition with it (NumPy's and torch's powers differ in their last
+bits). The rare work at a window end (the metric, the heuristic) runs on tensors (a NumPy
+engine's arrays are viewed as tensors there, without copies). The step-size heuristic is
+passed in (``search``), so this package runs no leapfrog step and knows nothing of kernels
+or the energy module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -127,51 +130,71 @@ class StanWarmup:
         pool them) is not used. Returns the new adaptation state and parameters.
         """
         schedule = self.schedule
-        if isinstance(done, np.ndarray) and window_ends:  # rare: run it on tensor views
-            tensors = replace(self, schedule=as_tensors(schedule))
-            adaptation, params = tensors.update(
-                *map(as_tensors, (adaptation, params, done, iteration, accept_stat, state)),
-                keys,
-                window_ends,
-            )
-            return as_arrays(adaptation), Params(params.step_size.numpy(), params.metric)
         xp = namespace(done)
         t = iteration.clip(0, schedule.num_warmup - 1)
         da = dual_averaging_update(
             adaptation.dual_averaging, accept_stat, done, target=self.target_accept
         )
         step_size = xp.where(done, xp.exp(da.log_step_size), params.step_size)
-        metric, welford, counter = params.metric, adaptation.welford, adaptation.search_counter
-        if self.adapt_metric and schedule.adapts_metric:
-            in_window = schedule.in_window[t] & done
-            welford = welford_update(welford, state.position, in_window)
-            ends = (schedule.window_end[t] & done).nonzero().flatten() if window_ends else t[:0]
-            if len(ends) > 0:
-                welford_ends = take_rows(welford, ends)
-                inverse = params.metric.inverse.index_copy(
-                    0, ends, welford_covariance(welford_ends)
-                )
-                metric = metric_from_inverse(inverse)
-                cleared = welford_init(state.position, welford.m2.dim() == 3)
-                welford = WelfordState(
-                    *(
-                        x.index_copy(0, ends, y.index_select(0, ends))
-                        for x, y in zip(welford, cleared, strict=True)
-                    )
-                )
-                new_eps, new_counter = self.search(
-                    take_rows(state, ends),
-                    step_size.index_select(0, ends),
-                    take_rows(metric, ends),
-                    keys.index_select(0, ends),
-                    counter.index_select(0, ends),
-                )
-                step_size = step_size.index_copy(0, ends, new_eps)
-                counter = counter.index_copy(0, ends, new_counter)
-                restarted = dual_averaging_init(step_size)
-                is_end = torch.zeros_like(done).index_fill(0, ends, True)
-                da = where_rows(is_end, restarted, da)
-        return WarmupState(da, welford, counter), Params(step_size, metric)
+        adaptation = adaptation._replace(dual_averaging=da)
+        if not (self.adapt_metric and schedule.adapts_metric):
+            return adaptation, Params(step_size, params.metric)
+        in_window = schedule.in_window[t] & done
+        adaptation = adaptation._replace(
+            welford=welford_update(adaptation.welford, state.position, in_window)
+        )
+        if not window_ends:
+            return adaptation, Params(step_size, params.metric)
+        ending = schedule.window_end[t] & done
+        ends = np.flatnonzero(ending) if xp is np else ending.nonzero().flatten()
+        if len(ends) == 0:
+            return adaptation, Params(step_size, params.metric)
+        if xp is np:  # rare: on tensor views of the arrays, then back
+            adaptation, step_size, metric = self._end_windows(
+                torch.from_numpy(ends), as_tensors(adaptation), params.metric,
+                torch.from_numpy(step_size), as_tensors(state), keys,
+            )  # fmt: skip
+            return as_arrays(adaptation), Params(step_size.numpy(), metric)
+        adaptation, step_size, metric = self._end_windows(
+            ends, adaptation, params.metric, step_size, state, keys
+        )
+        return adaptation, Params(step_size, metric)
+
+    def _end_windows(
+        self,
+        ends: torch.Tensor,
+        adaptation: WarmupState,
+        metric: Metric,
+        step_size: torch.Tensor,
+        state: State,
+        keys: torch.Tensor,
+    ) -> tuple[WarmupState, torch.Tensor, Metric]:
+        """The chains ``ends`` (indices) end a slow window: their inverse metric becomes the
+        window's regularised estimate, a new window starts, the step-size heuristic runs
+        from their positions and dual averaging restarts around what it finds. Tensors;
+        returns the adaptation, the step sizes ``(C,)`` and the metric."""
+        welford, counter = adaptation.welford, adaptation.search_counter
+        inverse = metric.inverse.index_copy(0, ends, welford_covariance(take_rows(welford, ends)))
+        metric = metric_from_inverse(inverse)
+        cleared = welford_init(state.position, welford.m2.dim() == 3)
+        welford = WelfordState(
+            *(
+                x.index_copy(0, ends, y.index_select(0, ends))
+                for x, y in zip(welford, cleared, strict=True)
+            )
+        )
+        new_eps, new_counter = self.search(
+            take_rows(state, ends),
+            step_size.index_select(0, ends),
+            take_rows(metric, ends),
+            keys.index_select(0, ends),
+            counter.index_select(0, ends),
+        )
+        step_size = step_size.index_copy(0, ends, new_eps)
+        counter = counter.index_copy(0, ends, new_counter)
+        is_end = torch.zeros_like(step_size, dtype=torch.bool).index_fill(0, ends, True)
+        da = where_rows(is_end, dual_averaging_init(step_size), adaptation.dual_averaging)
+        return WarmupState(da, welford, counter), step_size, metric
 
     def final(self, adaptation: WarmupState, params: Params, leaving: torch.Tensor) -> Params:
         """The parameters for sampling of the chains ``leaving`` warmup ``(C,)``: their
