@@ -175,6 +175,7 @@ def test_the_many_short_chains_recipe_stays_eager_when_its_warmup_stops_early(st
     assert dt.attrs["compiled"] == 0 and dt.attrs["compile_time"] == 0
 
 
+@pytest.mark.slow  # a compile, 5 s: the quick tier keeps within its five minutes
 def test_a_pooled_warmup_that_goes_on_compiles_as_it_goes(monkeypatch, standard_normal):
     """With the energy's own count lowered to 100 evaluations, the same recipe compiles
     mid-warmup, and the run says so."""
