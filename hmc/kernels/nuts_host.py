@@ -122,9 +122,11 @@ class HostNUTSState:
         self.max_energy_error = max_energy_error
         self.none_done = np.zeros(len(chains), dtype=bool)  # ``done`` when no chain finished
         self.rows = np.arange(len(chains))
-        # momentum noise (C, _NOISE_BLOCK, D) of transitions noise_from[c] onwards
+        # momentum noise (C, _NOISE_BLOCK, D) of chain c's transitions noise_from[c] up to
+        # noise_until[c] (excluded)
         self.noise: np.ndarray | None = None
         self.noise_from = [0] * len(chains)
+        self.noise_until = [0] * len(chains)
         self.finished: list[int] = []  # the chains whose transition ended in the last tick
         self.moved: list[int] = []  # the chains that took a leapfrog step in it
         # the last tick's busy chains, their leaves and their leapfrog's constants: the
@@ -189,6 +191,8 @@ def advance(
     if kernel_state.metric_source is not params.metric:
         kernel_state.metric_source, kernel_state.metric = params.metric, as_arrays(params.metric)
         kernel_state.last = None
+    if kernel_state.left_source is not phase.left:
+        kernel_state.left_source, kernel_state.left = phase.left, phase.left.tolist()
     moved = any(chain.starting for chain in chains)  # some edge is not the last leaf
     if moved:
         _start(kernel_state, keys, phase.sampling)
@@ -206,8 +210,6 @@ def advance(
     q, U, g, p, v, H = _leapfrog_step(kernel_state, potential)
     max_energy_error = kernel_state.max_energy_error
     finished = []
-    if kernel_state.left_source is not phase.left:
-        kernel_state.left_source, kernel_state.left = phase.left, phase.left.tolist()
     alone = len(busy) == 1  # the (1, D) arrays are that chain's own: no copies needed
     for i, c in enumerate(busy):
         chain = chains[c]
@@ -269,19 +271,19 @@ def report(kernel_state: HostNUTSState) -> tuple[State, dict[str, np.ndarray]]:
 # ---------------------------------------------------------------------- the pieces
 def _start(kernel_state: HostNUTSState, keys: torch.Tensor, sampling: torch.Tensor) -> None:
     """Fresh trajectories for the chains that start one. Chain ``c``'s momentum noise for
-    its transition ``t`` comes from ``(seed, c, t)``; it is drawn ``_NOISE_BLOCK``
-    transitions at a time, and the metric turns it into momenta for all chains at once."""
+    its transition ``t`` comes from ``(seed, c, t)``; it is drawn for the transitions left in
+    the call, up to ``_NOISE_BLOCK`` at a time, and the metric turns it into momenta for all
+    chains at once."""
     chains = kernel_state.chains
     starting = [c for c, chain in enumerate(chains) if chain.starting]
-    offsets = [chain.transition - kernel_state.noise_from[c] for c, chain in enumerate(chains)]
-    stale = [
-        c for c in starting if kernel_state.noise is None or not 0 <= offsets[c] < _NOISE_BLOCK
-    ]
+    begin, until = kernel_state.noise_from, kernel_state.noise_until
+    stale = [c for c in starting if not begin[c] <= chains[c].transition < until[c]]
     if stale:
         _draw_noise(kernel_state, keys, stale)
-        for c in stale:
-            offsets[c] = 0
-    index = [o if 0 <= o < _NOISE_BLOCK else 0 for o in offsets]
+    index = [
+        chain.transition - begin[c] if begin[c] <= chain.transition < until[c] else 0
+        for c, chain in enumerate(chains)
+    ]
     noise = kernel_state.noise[kernel_state.rows, index]
     metric = kernel_state.metric
     momentum = metric.momentum(noise)
@@ -308,18 +310,21 @@ def _start(kernel_state: HostNUTSState, keys: torch.Tensor, sampling: torch.Tens
 
 
 def _draw_noise(kernel_state: HostNUTSState, keys: torch.Tensor, rows: list[int]) -> None:
-    """Momentum noise of the next ``_NOISE_BLOCK`` transitions of the chains ``rows``."""
+    """Momentum noise of the chains ``rows`` for their next transitions: as many as the
+    most any of them has left in this call (one per call in a pooled warmup, or in
+    :meth:`hmc.NUTS.transition`), at most ``_NOISE_BLOCK``."""
     first = [kernel_state.chains[c].transition for c in rows]
-    counters = torch.tensor(first).unsqueeze(-1) + torch.arange(_NOISE_BLOCK)
+    count = max(1, min(_NOISE_BLOCK, max(kernel_state.left[c] for c in rows)))
+    counters = torch.tensor(first).unsqueeze(-1) + torch.arange(count)
     dim = kernel_state.chains[0].sample[0].shape[0]
     block = normal(keys[rows], Stream.MOMENTUM, counters, dim, kernel_state.dtype).numpy()
     if kernel_state.noise is None:
         kernel_state.noise = np.zeros(
             (len(kernel_state.chains), _NOISE_BLOCK, dim), dtype=block.dtype
         )
-    kernel_state.noise[rows] = block
+    kernel_state.noise[rows, :count] = block
     for c, t in zip(rows, first, strict=True):
-        kernel_state.noise_from[c] = t
+        kernel_state.noise_from[c], kernel_state.noise_until[c] = t, t + count
 
 
 def _begin_doubling(chain: _Chain, tree_key: int, step_size: float) -> bool:
