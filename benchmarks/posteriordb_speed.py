@@ -7,7 +7,8 @@ draws, seed 1) three ways, each in a process of its own, one after another:
 - ``eager``: ``hmc.sample(model, compile=False)``;
 - ``compiled``: ``hmc.sample(model, compile=True)`` (what the default does for a run this
   long), with a cold compile cache of its own (a fresh ``TORCHINDUCTOR_CACHE_DIR``), so the
-  compile time is the first-run cost; ``--warm-cache`` runs it a second time on that cache;
+  compile time is the first-run cost; with ``--inductor-cache DIR`` it compiles into
+  ``DIR`` instead, and a second such run (the row "compiled (warm cache)") reuses it;
 - ``stan``: posteriordb's own Stan program (``shared/posteriordb/<name>/model.stan``) with
   its data through pystan, built with a cold httpstan cache of its own, so the compile time
   is Stan's first-run cost too. pystan lives in another venv (``--stan-python``, see
@@ -18,8 +19,10 @@ compile, sampling), the compile time apart, gradients (leapfrog steps, all chain
 included; pystan reports Stan's for the kept draws only, so Stan's column counts those and
 has no per-gradient time), microseconds per chain-gradient (sampling time without the
 compile over gradients), the
-smallest bulk ESS over posteriordb's reported parameters, and that ESS per second of the
-whole run.
+smallest bulk ESS over posteriordb's reported parameters, that ESS per second of the
+whole run, and the run the row belongs to: each record keeps its machine and the commit of
+the package, so rows gathered on different days and machines say so (compare rows within
+one run only).
 
 Usage::
 
@@ -44,6 +47,11 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+try:
+    from benchmarks.machine import machine
+except ModuleNotFoundError:  # run as a plain file (Stan's worker): its folder is on sys.path
+    from machine import machine
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_REFERENCE = HERE.parents[1] / "shared" / "posteriordb"
@@ -146,23 +154,31 @@ def run(name: str, sampler: str, args: argparse.Namespace) -> dict[str, Any]:
         sampler=sampler + (" (warm cache)" if args.inductor_cache else ""),
         total_s=total,
         finished=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        cpu="{cpu}, {nproc} cores".format(**machine()),
+        commit=_commit(),
     )
     return record
 
 
-def markdown(records: list[dict[str, Any]]) -> str:
-    from benchmarks.machine import machine
-
-    info = machine()
-    commit = subprocess.run(
+def _commit() -> str:
+    """The short hash of the checkout this script runs from."""
+    return subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
     ).stdout.strip()
+
+
+def markdown(records: list[dict[str, Any]]) -> str:
+    """The table of ``records``, with a column naming the run each row belongs to: its
+    machine, its package's commit and its date (rows gathered over several runs)."""
+    runs: dict[tuple[str, str, str], str] = {}
     lines = [
         "| posterior | sampler | total s (start-up included) | compile s | gradients | "
-        "us per chain-gradient | min bulk ESS | ESS / s | divergences |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "us per chain-gradient | min bulk ESS | ESS / s | divergences | run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
+        run_key = (r["cpu"], r["commit"], r["finished"][:10])
+        label = runs.setdefault(run_key, chr(ord("A") + len(runs)))
         sampling = r["sample_s"] - r["compile_s"]
         if r["sampler"] == "stan":  # pystan returns the kept draws' statistics only
             gradients, per_gradient = f"{r['gradients']:,} (draws only)", "-"
@@ -173,15 +189,19 @@ def markdown(records: list[dict[str, Any]]) -> str:
             f"| {r['posterior']} | {r['sampler']} "
             f"| {r['total_s']:.1f} | {r['compile_s']:.1f} | {gradients} "
             f"| {per_gradient} | {r['min_ess_bulk']:.0f} "
-            f"| {r['min_ess_bulk'] / r['total_s']:.1f} | {r['divergences']} |"
+            f"| {r['min_ess_bulk'] / r['total_s']:.1f} | {r['divergences']} | {label} |"
         )
-    header = (
-        f"Commit {commit}, {info['cpu']}, {info['nproc']} cores, one thread per process, "
-        f"Python {info['python']}, {datetime.date.today().isoformat()}. Settings: "
-        f"{SETTINGS['chains']} chains, {SETTINGS['warmup']} + {SETTINGS['draws']}, seed "
-        f"{SETTINGS['seed']}; each row one process, run one after another."
-    )
-    return header + "\n\n" + "\n".join(lines) + "\n"
+    header = [
+        f"Settings: {SETTINGS['chains']} chains, {SETTINGS['warmup']} + {SETTINGS['draws']}, "
+        f"seed {SETTINGS['seed']}; each row one process with one thread, run one after "
+        "another. Runs (compare rows within one run):",
+        "",
+    ]
+    header += [
+        f"- {label}: {cpu}, package at {commit}, {date}"
+        for (cpu, commit, date), label in runs.items()
+    ]
+    return "\n".join(header) + "\n\n" + "\n".join(lines) + "\n"
 
 
 def latest(path: Path) -> list[dict[str, Any]]:
