@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import types
 
 import torch
 import torch.utils._pytree as pytree
@@ -52,13 +53,6 @@ try:
     from benchmarks.machine import machine
 except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
     from machine import machine
-
-
-class _Traced:
-    """The energy as the ``whole`` graph calls it: traced with the tick."""
-
-    def __init__(self, log_prob, batched: bool) -> None:
-        self.value_and_grad = energy_function(log_prob, batched)
 
 
 def _distinct(record):
@@ -115,7 +109,8 @@ def _batched_ticks(nuts, state, params, potential, keys, phase):
 def _whole_ticks(nuts, state, params, target, keys, phase):
     chains = state.position.shape[0]
     general = (1, 1, 1, 0, 0, 1, chains)  # any start, doubling, busy; not all; all step
-    energy = _Traced(target.log_prob, target.batched)
+    # the energy as the leapfrog calls it, traced into the same graph as the tick
+    energy = types.SimpleNamespace(value_and_grad=energy_function(target.log_prob, target.batched))
     tree_keys = stream_keys(keys, Stream.TREE)
 
     def whole(kernel_state, params, keys, phase):
