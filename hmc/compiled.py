@@ -36,14 +36,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import types
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
+import torch.utils._pytree
 
-__all__ = ["CompiledEnergy"]
+__all__ = ["CompiledEnergy", "CompiledLoop"]
 
 Energy = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -130,6 +133,120 @@ class CompiledEnergy:
             self.seconds += time.perf_counter() - started
         self._compiled_width = x.shape[0]
         return U, grad
+
+
+class CompiledLoop:
+    """``torch.compile`` of a whole computation over the energy, its loop of evaluations
+    inside: a static HMC transition, every leapfrog step in torch's ``while_loop``.
+
+    ``function(energy, *tensors)`` is written in torch operations; ``energy`` is
+    :func:`energy_function` of the log density, so the user's density, its reverse pass,
+    the leapfrog steps, the Metropolis test and the statistics become one graph
+    (``fullgraph=True``: a graph break is a failure here, not a slower graph). On the CPU
+    inductor's C++ wrapper runs the loop, so no step returns to Python.
+
+    The first call compiles and checks, on the tensors ``probe(tensors)`` (a transition of
+    one leapfrog step: short enough that rounding is not amplified): the compiled result is
+    compared with ``function`` run eagerly (a plain Python loop, no tracing), within
+    :data:`LOOP_RTOL` of the dtype, as a guard against a compiler that computes a wrong
+    gradient without an error. A compile that raises (whether the compiler or the density
+    at those points) or a mismatch is recorded in :attr:`failure`, and every call from
+    then on returns None (the caller runs its eager path). A later call that raises (the
+    density's own trouble, such as a failed Cholesky) returns None too, for that call
+    alone.
+
+    Attributes
+    ----------
+    seconds : wall time of the calls that compiled.
+    failure : why the compiled loop is not used, or None.
+    checked : whether the first call's comparison with eager has been made.
+    """
+
+    def __init__(
+        self,
+        function: Callable,
+        probe: Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]],
+        log_prob: Callable,
+        batched: bool,
+        device: str,
+    ) -> None:
+        self.seconds = 0.0
+        self.failure: str | None = None
+        self.checked = False
+        self._function, self._probe = function, probe
+        self._energy = energy_function(log_prob, batched)
+        energy, loop = self._energy, function
+
+        def graph(*tensors: torch.Tensor) -> Any:
+            return loop(energy, *tensors)
+
+        options = {"cpp_wrapper": True} if device == "cpu" else None
+        self._graph = torch.compile(
+            _own_code(graph), fullgraph=True, dynamic=False, options=options
+        )
+
+    def __call__(self, *tensors: torch.Tensor) -> Any:
+        """``function(energy, *tensors)`` through the graph, or None where it is not to
+        be used (see the class docstring)."""
+        if not self.checked and self.failure is None:
+            self._check(self._probe(tensors))
+        if self.failure is not None:
+            return None
+        try:
+            return self._graph(*tensors)
+        except Exception:  # the density raised: this call runs eagerly
+            return None
+
+    def _check(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        """Compile on ``tensors`` and compare with the eager result there."""
+        started = time.perf_counter()
+        try:
+            with _quiet(_QUIET_LOGGERS), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", category=FutureWarning, module="torch")
+                result = self._graph(*tensors)
+        except Exception as error:  # the compiler's, or the density's at these points
+            self.failure = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+            return
+        finally:
+            self.seconds += time.perf_counter() - started
+        try:
+            eager = self._function(self._energy, *tensors)
+        except Exception:  # the density raised at these points: check at the next call
+            return
+        self.checked = True
+        mismatch = _mismatch(result, eager)
+        if mismatch is not None:
+            self.failure = f"its result differs from the eager one by {mismatch:.1e} relative"
+
+
+#: the relative difference between a compiled loop's first result and the eager one above
+#: which the compiled loop is not used, by dtype
+LOOP_RTOL = {torch.float64: 1e-8, torch.float32: 1e-3}
+
+
+def _mismatch(compiled: Any, eager: Any) -> float | None:
+    """The largest relative difference between two results (pytrees of tensors) where it
+    exceeds :data:`LOOP_RTOL`, else None. Floating tensors are compared relative to their
+    largest finite magnitude; integer and boolean ones must be equal."""
+    worst = 0.0
+    for a, b in zip(
+        torch.utils._pytree.tree_leaves(compiled), torch.utils._pytree.tree_leaves(eager),
+        strict=True,
+    ):  # fmt: skip
+        if not a.dtype.is_floating_point:
+            if not torch.equal(a, b):
+                return math.inf
+            continue
+        finite = torch.isfinite(b)
+        if not torch.equal(finite, torch.isfinite(a)):
+            return math.inf
+        if not finite.any():
+            continue
+        scale = float(b[finite].abs().max()) or 1.0
+        difference = float((a[finite] - b[finite]).abs().max()) / scale
+        if difference > LOOP_RTOL[a.dtype]:
+            worst = max(worst, difference)
+    return worst or None
 
 
 def energy_function(log_prob: Callable, batched: bool) -> Energy:

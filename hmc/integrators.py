@@ -5,18 +5,26 @@ velocity, one new energy and gradient from the energy module, half kick with it.
 exactly one gradient evaluation per step, and the new gradient is carried forward for the
 next step's first half kick. The arrays are torch tensors or NumPy arrays (the run's
 engine, :mod:`hmc.arrays`).
+
+:func:`leapfrog_lockstep` runs a whole trajectory of such steps in torch's ``while_loop``,
+every chain stepping together, written to be compiled as one graph with the energy
+(:class:`hmc.compiled.CompiledLoop`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 import torch
+from torch._higher_order_ops.while_loop import while_loop
 
 from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.state import State
 
-__all__ = ["leapfrog"]
+__all__ = ["leapfrog", "leapfrog_lockstep"]
 
 
 def leapfrog[A: (torch.Tensor, np.ndarray)](
@@ -46,3 +54,58 @@ def leapfrog[A: (torch.Tensor, np.ndarray)](
     q = state.position + step_size * metric.velocity(p)
     U, grad = potential.value_and_grad(q)
     return State(q, U, grad), p - half_step * grad
+
+
+class _Energy(NamedTuple):
+    """An energy function ``(C, D) -> (U (C,), grad (C, D))`` where :func:`leapfrog`
+    expects the energy module."""
+
+    value_and_grad: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def leapfrog_lockstep(
+    state: State,
+    momentum: torch.Tensor,
+    step_size: torch.Tensor,
+    metric: Metric,
+    energy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    steps: torch.Tensor,
+) -> tuple[State, torch.Tensor]:
+    """Chain ``c`` takes ``steps[c]`` leapfrog steps, all chains in one ``while_loop``.
+
+    Every step evaluates every chain while the longest trajectory goes on; a chain whose
+    trajectory has ended keeps its point (a row select), so its extra evaluations change
+    nothing. Run eagerly (outside ``torch.compile``) it is a plain Python loop over the same
+    steps: torch's eager ``while_loop`` would trace its body with dynamo, and the eager run
+    is the oracle a compiled one is checked against. Tensors only: ``state`` ``(C, D)``,
+    momentum ``(C, D)``, signed step sizes ``step_size`` ``(C, 1)``, ``steps`` ``(C,)``
+    int64, ``energy`` the function the energy module evaluates
+    (:func:`hmc.compiled.energy_function`). Returns the end states and momenta.
+    """
+    longest = steps.max()
+    potential = _Energy(energy)
+
+    def going(i, position, potential_energy, grad, p):
+        return i < longest
+
+    def step(i, position, potential_energy, grad, p):
+        here = State(position, potential_energy, grad)
+        there, p_there = leapfrog(here, p, step_size, metric, potential)
+        moving = i < steps
+        column = moving[:, None]
+        return (
+            i + 1,
+            torch.where(column, there.position, position),
+            torch.where(moving, there.potential, potential_energy),
+            torch.where(column, there.grad, grad),
+            torch.where(column, p_there, p),
+        )
+
+    carried = (torch.zeros((), dtype=torch.int64, device=steps.device), *state, momentum)
+    if torch.compiler.is_compiling():
+        carried = while_loop(going, step, carried)
+    else:  # eager (the check of a compiled loop): a plain loop, no tracing of any kind
+        for _ in range(int(longest)):
+            carried = step(*carried)
+    _, position, potential_energy, grad, p = carried
+    return State(position, potential_energy, grad), p

@@ -28,6 +28,13 @@ compiles at the first evaluation; ``"auto"`` (the default) evaluates eagerly and
 at the :data:`AUTO_COMPILE_CALLS`-th evaluation: a loop that long has spent about as long
 on eager gradients as compiling takes. The switch is decided by counting, never by timing,
 so a seeded loop gives the same numbers on a fast machine and a slow one.
+
+A kernel whose chains integrate in lockstep (static HMC, ChEES) compiles more than the
+energy: with ``lockstep=True`` its whole transition, every leapfrog step, the Metropolis
+test and the statistics, runs as one graph through :meth:`Potential.loop`
+(:class:`hmc.compiled.CompiledLoop`), under the same ``compile`` rule, and the energy
+alone is never compiled (its few evaluations outside transitions, at the initial points
+and in the step-size search, stay eager).
 """
 
 from __future__ import annotations
@@ -35,14 +42,14 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
 import torch
 
 from hmc._torch_compat import distribution_validation_off, validation_enabled
-from hmc.compiled import CompiledEnergy
+from hmc.compiled import CompiledEnergy, CompiledLoop
 from hmc.memo import MemoCache
 
 #: the dtypes a run may sample in
@@ -77,6 +84,9 @@ class Potential:
         ``reduce(U, grad) -> (U, grad)`` applied to every evaluation's result (arrays of
         the kind of ``q``, after the non-finite rows are set): a sum over the processes of
         a group for a likelihood over sharded data (:class:`hmc.distributed.ShardedPotential`).
+    lockstep : bool
+        Whether the energy serves a kernel whose transitions compile whole
+        (:meth:`loop`); the energy alone is then never compiled.
 
     Attributes
     ----------
@@ -110,6 +120,7 @@ class Potential:
         cache: MemoCache | bool | None = None,
         compile: bool | str = "auto",
         reduce: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+        lockstep: bool = False,
     ) -> None:
         if not callable(log_prob):
             raise TypeError(f"log_prob must be callable, got {type(log_prob).__name__}")
@@ -135,6 +146,8 @@ class Potential:
         self.on_compile: Callable[[bool], None] | None = None
         self._compile = compile
         self._graph: CompiledEnergy | None = None
+        self.lockstep = bool(lockstep)
+        self._loops: dict[Hashable, CompiledLoop] = {}
         self._calls = 0
         self._widest = 0
 
@@ -169,6 +182,9 @@ class Potential:
         """This process's value and gradient, through the compiled graph once ``compile``
         says so."""
         if self._compile is False:
+            return self._value_and_grad(q)
+        if self.lockstep:  # counted towards compile="auto"; transitions compile, not this
+            self._calls += 1
             return self._value_and_grad(q)
         if q.ndim == 2:
             self._widest = max(self._widest, q.shape[0])
@@ -237,6 +253,64 @@ class Potential:
             U = np.where(finite, U, np.inf)
             g = np.where(finite[:, None], g, 0.0)
         return U, g
+
+    def loop(
+        self,
+        key: Hashable,
+        function: Callable[..., Any],
+        probe: Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]],
+        tensors: tuple[torch.Tensor, ...],
+        rows: int,
+    ) -> Any:
+        """``function(energy, *tensors)`` through its compiled graph, or None where this
+        call is to run eagerly (the caller's own path).
+
+        ``function`` is written in torch operations over ``energy``, ``(W, D) -> (U (W,),
+        grad (W, D))`` (:class:`hmc.compiled.CompiledLoop`, compiled and checked at its
+        first call on ``probe(tensors)``); ``key`` names it (one graph per key), ``rows``
+        is the number of positions its loop evaluates, added to :attr:`evaluations`. It
+        is None unless the energy was made with ``lockstep=True`` and compiles (the
+        ``compile`` rule; no memo cache, no ``reduce``), and after a failed compile,
+        which warns once and leaves every later call eager."""
+        if not self.lockstep or self._compile is False or self.cache or self.reduce:
+            return None
+        if self._compile == "auto" and self._calls < AUTO_COMPILE_CALLS:
+            return None
+        graph = self._loops.get(key)
+        if graph is None:
+            device = tensors[0].device.type
+            graph = CompiledLoop(function, probe, self.log_prob, self.batched, device)
+            self._loops[key] = graph
+        if graph.failure is not None:
+            return None
+        compiling, seconds = not graph.checked, graph.seconds
+        if compiling and self.on_compile is not None:
+            self.on_compile(True)
+        try:
+            with distribution_validation_off():
+                result = graph(*tensors)
+        finally:
+            self.compile_seconds += graph.seconds - seconds
+            if compiling and self.on_compile is not None:
+                self.on_compile(False)
+        if graph.failure is not None:
+            self._loop_failed(graph.failure)
+            return None
+        if result is not None:
+            self.compiled = True
+            self.evaluations += rows
+        return result
+
+    def _loop_failed(self, failure: str) -> None:
+        """Warn, once per energy, that a loop does not compile, and say why."""
+        if self.compile_note is None:
+            self.compile_note = failure
+            warnings.warn(
+                f"could not compile the transition with log_prob ({failure}); running it "
+                "eagerly. Pass compile=False to skip the attempt.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def check(self, q: torch.Tensor) -> bool:
         """Run ``log_prob`` on ``q`` ``(C, D)`` and raise a clear error if its output has

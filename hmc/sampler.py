@@ -266,7 +266,11 @@ def sample(
         check_memory(metric, chains, target.dim, kept_iterations, dtype, device, store is not None)
     reduce = target.reduce if isinstance(target, ShardedPotential) else None
     potential = Potential(
-        target.log_prob, batched=target.batched, compile=settings.compile, reduce=reduce
+        target.log_prob,
+        batched=target.batched,
+        compile=settings.compile,
+        reduce=reduce,
+        lockstep=settings.kernel.lockstep,
     )
     bar = Progress(chains, warmup, draws) if settings.progress else None
     try:  # the bar is closed whatever happens (an error, Ctrl-C)

@@ -14,11 +14,20 @@ The arithmetic is written once and runs in the engine of the state it is given
 (:mod:`hmc.arrays`): NumPy arrays on the CPU, tensors on an accelerator. The random
 numbers are drawn as tensors, a block of transitions at a time, and read as NumPy arrays
 by the NumPy engine, so both run the same transition from the same numbers.
+
+When the energy compiles (:meth:`hmc.Potential.loop`) the whole transition, momentum,
+every leapfrog step (:func:`hmc.integrators.leapfrog_lockstep`), the Metropolis test and
+the statistics, is one compiled graph, from the same random numbers; the eager path above
+stays the oracle it is checked against. In the graph every chain steps while the longest
+trajectory goes on, and a chain whose trajectory has ended keeps its point: those extra
+evaluations are counted, so a compiled run with numbers of steps that differ between
+chains reports more gradient evaluations than the eager run of the same draws.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -26,9 +35,9 @@ import numpy as np
 import torch
 
 from hmc.arrays import as_arrays, namespace, to_float64, to_int64
-from hmc.integrators import leapfrog
+from hmc.integrators import leapfrog, leapfrog_lockstep
 from hmc.kernels.base import Params, Phase, Proposal, Step
-from hmc.metric import Metric
+from hmc.metric import DenseMetric, DiagonalMetric, Metric
 from hmc.potential import Potential
 from hmc.random import Stream, normal, uniform
 from hmc.state import State, put_rows, take_rows, where_rows
@@ -122,6 +131,9 @@ class HMC:
     #: whether each call's :class:`~hmc.kernels.base.Step` carries the trajectories
     #: (their start, end and final velocity), which an adaptation across chains may need
     reports_proposal = False
+    #: whether every chain's trajectory of a transition integrates in one loop, which
+    #: compiles whole with the energy (:meth:`hmc.Potential.loop`)
+    lockstep = True
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and (
@@ -261,6 +273,9 @@ class HMC:
         """One HMC transition of every chain with the given random numbers (arrays of the
         engine of ``state``; the metric's too), and its trajectories when the kernel
         reports them."""
+        compiled = self._compiled_transition(state, params, potential, draws)
+        if compiled is not None:
+            return compiled
         metric = params.metric
         momentum = metric.momentum(draws.noise)
         start_energy = state.potential + metric.kinetic_energy(momentum)
@@ -283,6 +298,58 @@ class HMC:
             state, start_energy, proposal, p, metric, draws.accept, steps
         )
         return new_state, info, trajectory
+
+    def _compiled_transition(
+        self, state: State, params: Params, potential: Potential, draws: HMCDraws
+    ) -> tuple[State, HMCInfo, Proposal | None] | None:
+        """:meth:`_transition` through the energy's compiled loop, or None where the
+        energy does not compile it (the eager path then runs)."""
+        steps = self._num_steps(params, draws.steps)
+        on_numpy = isinstance(steps, np.ndarray)
+        longest = int(steps.max())
+        tensors = tuple(
+            torch.as_tensor(x)
+            for x in (*state, draws.noise, draws.accept, params.step_size, steps, *params.metric)
+        )
+        key = (self, type(params.metric))
+        result = potential.loop(key, self._lockstep, _one_step, tensors, steps.shape[0] * longest)
+        if result is None:
+            return None
+        new_state, info, end, velocity = result
+        outputs = (State(*new_state), HMCInfo(*info), end, velocity)
+        if on_numpy:
+            outputs = tuple(map(as_arrays, outputs))
+        new_state, info, end, velocity = outputs
+        trajectory = None
+        if self.reports_proposal:
+            time = steps * params.step_size
+            trajectory = Proposal(state.position, end, velocity, time)
+        return new_state, info, trajectory
+
+    def _lockstep(
+        self,
+        energy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        position: torch.Tensor,
+        potential_energy: torch.Tensor,
+        grad: torch.Tensor,
+        noise: torch.Tensor,
+        accept: torch.Tensor,
+        step_size: torch.Tensor,
+        steps: torch.Tensor,
+        *metric_fields: torch.Tensor,
+    ) -> tuple[tuple, tuple, torch.Tensor, torch.Tensor]:
+        """One transition of every chain in torch operations, the function the energy
+        compiles: the state ``(C, D)``, ``(C,)``, ``(C, D)``, the random numbers, the step
+        sizes ``(C,)``, the steps ``(C,)`` int64 and the metric's fields (diagonal
+        ``(C, D)`` or dense ``(C, D, D)``). Returns the new state, the statistics, and
+        the proposal's position and velocity before the test, as plain tuples."""
+        metric = _METRICS[metric_fields[0].dim()](*metric_fields)
+        state = State(position, potential_energy, grad)
+        momentum = metric.momentum(noise)
+        start_energy = potential_energy + metric.kinetic_energy(momentum)
+        proposal, p = leapfrog_lockstep(state, momentum, step_size[:, None], metric, energy, steps)
+        new_state, info = self._metropolis(state, start_energy, proposal, p, metric, accept, steps)
+        return tuple(new_state), tuple(info), proposal.position, metric.velocity(p)
 
     def _metropolis[A: (torch.Tensor, np.ndarray)](
         self,
@@ -313,6 +380,22 @@ class HMC:
             max_energy_error=abs(error),
         )
         return new_state, info
+
+
+#: the metric record of a compiled transition, by the number of dimensions of its fields
+_METRICS = {2: DiagonalMetric, 3: DenseMetric}
+
+
+def _one_step(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The arguments of :meth:`HMC._lockstep` with one leapfrog step for every chain: the
+    transition the compiled graph is first checked on (no rounding amplified by a long
+    trajectory)."""
+    steps = tensors[_STEPS]
+    return (*tensors[:_STEPS], torch.ones_like(steps), *tensors[_STEPS + 1 :])
+
+
+#: the position of the steps among :meth:`HMC._lockstep`'s tensors
+_STEPS = 7
 
 
 def _integrate_ragged(

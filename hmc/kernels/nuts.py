@@ -198,6 +198,7 @@ class NUTS:
 
     stat_names = NUTSInfo._fields
     spans_calls = True
+    lockstep = False  # each chain's tree has its own length: the energy compiles alone
 
     def __post_init__(self) -> None:
         depths = self._depths()
