@@ -407,7 +407,13 @@ def sample(
     dims, coords = target.dims_and_coords()
     stats = recorder.stats(kept)
     if ranks is None or (split is None and ranks[0] == 0):  # split runs warn once gathered
-        warn_about_run(stats, inverse_metric, attrs["restarted_chains"], draws_array)
+        warn_about_run(
+            stats,
+            inverse_metric,
+            attrs["restarted_chains"],
+            draws_array,
+            target.coordinate_names(),
+        )
     tree = to_datatree(
         target.posterior(draws_array),
         stats,
