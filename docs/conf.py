@@ -10,8 +10,12 @@ Two pages are completed at build time, so that they never go stale:
   ``hmc.__all__``, then the public names of a few submodules not already listed;
 - ``tutorials/index.md``: the marker ``HMC_TUTORIALS`` becomes a toctree of the notebooks
   ``notebooks/*.ipynb``, which are copied into ``docs/tutorials/`` (git-ignored) and shown
-  with the outputs of their full-size run, as committed (``tests/test_notebooks.py`` runs
-  them, small, with ``jupyter execute``).
+  with the outputs of their full-size run, as committed.
+
+The build executes no notebook (``nb_execution_mode = "off"``). ``tests/test_notebooks.py``
+checks that each notebook carries the outputs of one run of every code cell and, in the
+slow tier, runs each one small (``HMC_SMALL=1``) with ``jupyter execute`` on a copy;
+``tests/test_docs.py``, in the slow tier too, runs this build with warnings as errors.
 """
 
 from __future__ import annotations

@@ -7,11 +7,22 @@ function that registers its parser and sets ``func`` to the function that runs i
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from hmc.progress import (
+    LINE_SECONDS,
+    DisplayFactory,
+    ProgressLines,
+    end_line,
+    print_now,
+    start_line,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -33,6 +44,17 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 
 _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds ``>= 0``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -84,7 +106,20 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         dest="progress",
         action="store_false",
         default=None,
-        help="never show the progress (by default it is shown on a terminal)",
+        help=(
+            "never show the progress (by default a progress bar on a terminal, plain lines "
+            "otherwise)"
+        ),
+    )
+    parser.add_argument(
+        "--progress-every",
+        type=_seconds,
+        default=LINE_SECONDS,
+        metavar="SECONDS",
+        help=(
+            "the most seconds between two progress lines when standard error is not a "
+            "terminal (a log file); 0 writes one whenever an iteration ends"
+        ),
     )
 
 
@@ -153,11 +188,17 @@ def _run_sample(args: argparse.Namespace) -> int:
     import hmc
     from hmc.atomic import check_writable_file, write_atomically
 
-    target, options = _load_model(args.model)
+    target, options, (label, description, dim) = _load_model(args.model)
     try:
         check_writable_file(args.out, "--out")
     except ValueError as error:
         raise SystemExit(str(error)) from None
+    print_now(
+        start_line(
+            label, description, dim, args.chains, args.warmup, args.draws, args.kernel, args.seed
+        )
+    )
+    started = time.perf_counter()
     dt = hmc.sample(
         target,
         chains=args.chains,
@@ -165,17 +206,30 @@ def _run_sample(args: argparse.Namespace) -> int:
         draws=args.draws,
         seed=args.seed,
         kernel=args.kernel,
-        progress=args.progress,
+        progress=_progress(args),
         **options,
     )
+    print_now(end_line(dt, time.perf_counter() - started))
     write_atomically(args.out, lambda path: dt.to_netcdf(path, engine="h5netcdf"))
-    print(az.summary(dt).to_string())
-    print(f"wrote {args.out}")
+    print_now(az.summary(dt).to_string())
+    print_now(f"wrote {args.out}")
     return 0
 
 
-def _load_model(name: str) -> tuple[Any, dict[str, Any]]:
-    """The target and ``hmc.sample`` options of MODEL: a built-in posterior, or a file."""
+def _progress(args: argparse.Namespace) -> bool | DisplayFactory | None:
+    """``hmc.sample``'s ``progress``: none with ``--no-progress``; the bar on a terminal
+    (None: as ``hmc.sample`` decides); else plain lines every ``--progress-every``
+    seconds."""
+    if args.progress is False:
+        return False
+    if sys.stderr.isatty():
+        return None
+    return functools.partial(ProgressLines, every=args.progress_every)
+
+
+def _load_model(name: str) -> tuple[Any, dict[str, Any], tuple[str, str, int]]:
+    """The target and ``hmc.sample`` options of MODEL (a built-in posterior, or a file),
+    and what the start line says of it: its name, a few words and its dimension."""
     import runpy
 
     import hmc.models
@@ -188,14 +242,17 @@ def _load_model(name: str) -> tuple[Any, dict[str, Any]]:
             raise SystemExit(f"{name} defines no `model` (an hmc.Model or a log density)")
         model = namespace["model"]
         if isinstance(model, hmc.Model):
-            return model, {}
+            return model, {}, (name, "an hmc.Model", model.dim)
         if "dim" not in namespace:
             raise SystemExit(f"{name}: a log density `model` needs `dim`, its dimension")
-        return model, {"dim": namespace["dim"]}
+        dim = namespace["dim"]
+        return model, {"dim": dim}, (name, "a log density", dim)
     try:
-        return hmc.models.load(name), {}
+        posterior = hmc.models.resolve(name)
+        model = hmc.models.load(posterior)
     except KeyError as error:
         raise SystemExit(str(error.args[0])) from None
+    return model, {}, (posterior, "posteriordb posterior", model.dim)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -209,7 +266,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         draws=args.draws,
         seed=args.seed,
         kernel=args.kernel,
-        progress=args.progress,
+        progress=_progress(args),
     )
     return 0
 

@@ -32,6 +32,7 @@ import torch
 
 from hmc.atomic import write_atomically
 from hmc.demo_plots import energy_figure, rank_figure, trace_figure
+from hmc.progress import DisplayFactory, end_line, print_now, start_line
 
 __all__ = ["MODELS", "DemoModel", "eight_schools", "get_model", "run_demo"]
 
@@ -55,7 +56,7 @@ class DemoModel:
         ``(chain, draw, *shape)`` on the constrained scale.
     dims, coords : ArviZ ``dims`` and ``coords`` for the named arrays.
     description : str
-        One line for ``--help`` and the printed header.
+        A few words for the printed header (its dimension is added).
     plot_vars : names of the variables to plot (None: all of them).
     """
 
@@ -115,7 +116,7 @@ def eight_schools() -> DemoModel:
         constrain=constrain,
         dims={"theta": ["school"], "theta_trans": ["school"]},
         coords={"school": list(SCHOOLS)},
-        description="non-centred eight schools (10 parameters, tau on the log scale)",
+        description="non-centred eight schools, tau on the log scale",
         plot_vars=("mu", "tau", "theta"),
     )
 
@@ -160,16 +161,18 @@ def run_demo(
     warmup: int = 1000,
     draws: int = 1000,
     seed: int = 0,
-    kernel: str | None = None,
-    progress: bool | None = None,
-    echo: Callable[[str], Any] = print,
+    kernel: str = "nuts",
+    progress: bool | DisplayFactory | None = None,
+    echo: Callable[[str], Any] = print_now,
 ):
     """Sample ``model``, print its summary and write ``run.nc`` (first), ``trace.png``,
     ``rank.png`` and ``energy.png`` to ``out``. Returns the ``DataTree``.
 
     ``out`` is checked to be a writable folder before sampling starts. Every file is
     written to a temporary name and then renamed, so a run killed while writing leaves
-    the previous file whole. ``kernel=None`` uses :func:`hmc.sample`'s default kernel.
+    the previous file whole. ``progress`` is :func:`hmc.sample`'s. ``echo`` prints the
+    lines before and after the run and the summary (flushed at once, so that a log shows
+    them as they come).
     """
     import matplotlib
 
@@ -181,22 +184,18 @@ def run_demo(
 
     _check_writable(out)
     options: dict[str, Any] = {}
-    if kernel is not None:
-        options["kernel"] = kernel
     if model in MODELS:
         spec = get_model(model)
         target, description, plot_vars = spec.log_prob, spec.description, spec.plot_vars
         options.update(dim=spec.dim, batched=True)
+        dim = spec.dim
     elif model in hmc.models.names():
         spec, target, plot_vars = None, hmc.models.load(model), None
-        description = f"posteriordb posterior, {target.dim} unconstrained dimensions"
+        description, dim = "posteriordb posterior", target.dim
     else:
         known = sorted(MODELS) + hmc.models.names()
         raise ValueError(f"unknown model {model!r}; known models: {known}")
-    echo(
-        f"hmc {hmc.__version__}: {model} ({description}); {chains} chains, "
-        f"{warmup} warmup and {draws} draws each, seed {seed}"
-    )
+    echo(start_line(model, description, dim, chains, warmup, draws, kernel, seed))
     started = time.perf_counter()
     dt = hmc.sample(
         target,
@@ -204,6 +203,7 @@ def run_demo(
         warmup=warmup,
         draws=draws,
         seed=seed,
+        kernel=kernel,
         progress=progress,
         **options,
     )
@@ -211,14 +211,7 @@ def run_demo(
     if spec is not None:
         named_posterior(dt, spec)
     dt.attrs["model"] = model
-
-    stats = dt["sample_stats"]
-    divergences = int(stats["diverging"].values.sum())
-    echo(
-        f"sampled in {elapsed:.1f} s ({dt.attrs['kernel']}, "
-        f"{dt.attrs['n_gradient_evaluations']} gradient evaluations, "
-        f"{divergences} divergent transitions)"
-    )
+    echo(end_line(dt, elapsed))
     # the run's data first: a failure in a plot cannot lose it
     write_atomically(
         os.path.join(out, "run.nc"), lambda path: dt.to_netcdf(path, engine="h5netcdf")

@@ -29,7 +29,7 @@ from hmc.adapt.warmup import StanWarmup, WarmupState
 from hmc.checkpoint import Snapshot
 from hmc.kernels.base import Kernel, Phase, Step
 from hmc.potential import Potential
-from hmc.progress import Progress
+from hmc.progress import Display
 from hmc.recorder import Recorder
 from hmc.state import Params, State, where_rows
 
@@ -88,7 +88,7 @@ def run_chains(
     params: Params,
     adaptation: WarmupState | EnsembleState | None,
     recorder: Recorder,
-    progress: Progress | None = None,
+    progress: Display | None = None,
     resume: Snapshot | None = None,
 ) -> tuple[Params, WarmupState | EnsembleState | None, Timing, np.ndarray]:
     """Run every chain from ``state`` through warmup and sampling, recording each

@@ -566,6 +566,34 @@ class Model:
         """The bijection of each parameter."""
         return {s.name: s.transform for s in self._slots}
 
+    def coordinate_names(self) -> list[str]:
+        """A name for each of the ``D`` unconstrained coordinates, in the flat vector's
+        order: ``sigma`` for a scalar parameter, ``W[3]`` or ``W[1, 2]`` for an entry of a
+        tensor one, and ``w_unconstrained[1]`` where the unconstrained shape is not the
+        parameter's own (a simplex, a Cholesky factor: the index is not an entry of ``w``).
+
+        Examples
+        --------
+        >>> from torch.distributions import constraints
+        >>> model = Model(
+        ...     lambda p: -(p["W"] ** 2).sum() - p["sigma"] - (p["w"] ** 2).sum(),
+        ...     {"sigma": Param((), constraints.positive), "W": Param((2, 2)),
+        ...      "w": Param(3, constraints.simplex)},
+        ... )
+        >>> model.coordinate_names()  # doctest: +NORMALIZE_WHITESPACE
+        ['sigma', 'W[0, 0]', 'W[0, 1]', 'W[1, 0]', 'W[1, 1]', 'w_unconstrained[0]',
+         'w_unconstrained[1]']
+        """
+        names = []
+        for slot in self._slots:
+            shape = slot.transform.unconstrained_shape
+            label = slot.name if shape == slot.transform.shape else f"{slot.name}_unconstrained"
+            names += [
+                f"{label}[{', '.join(map(str, index))}]" if shape else label
+                for index in np.ndindex(*shape)
+            ]
+        return names
+
     def __repr__(self) -> str:
         parts = ", ".join(f"{s.name}: {s.transform.shape} {s.constraint}" for s in self._slots)
         label = f"{self.name!r}, " if self.name else ""

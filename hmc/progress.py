@@ -7,22 +7,67 @@ divergent transitions, its step size and its leapfrog steps per draw. It is tqdm
 (``tqdm.auto``: text in a terminal, widgets in Jupyter), refreshed at most
 :data:`REFRESH_SECONDS` apart so that it costs nothing per leapfrog step, and it is off by
 default when standard error is not a terminal or the ``CI`` variable is set.
+
+For a log (standard error sent to a file), :class:`ProgressLines` writes plain lines
+instead: one when compiling starts and one when it ends, and the run's iterations at most
+every :data:`LINE_SECONDS`. ``hmc.sample(progress=...)`` takes either class, or any
+callable ``(chains, warmup, draws)`` that returns a :class:`Display`. :func:`start_line`
+and :func:`end_line` are the lines the command line prints (with :func:`print_now`)
+before and after a run.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 import torch
 
-__all__ = ["MAX_LINES", "REFRESH_SECONDS", "Progress"]
+__all__ = [
+    "LINE_SECONDS",
+    "MAX_LINES",
+    "REFRESH_SECONDS",
+    "Display",
+    "DisplayFactory",
+    "Progress",
+    "ProgressLines",
+    "end_line",
+    "print_now",
+    "start_line",
+]
 
 #: at most this many chain lines; more chains are shown in groups
 MAX_LINES = 8
 #: the least time between two refreshes of the chain lines
 REFRESH_SECONDS = 0.25
+#: the most time between two of :class:`ProgressLines`' lines (while iterations end)
+LINE_SECONDS = 10.0
+
+
+class Display(Protocol):
+    """What the sampler tells a progress display."""
+
+    def compiling(self, compiling: bool) -> None:
+        """The energy starts (True) or ends (False) compiling."""
+        ...
+
+    def update(
+        self, iteration: Any, done: int, recorder: Any, step_size: Any, *, force: bool = False
+    ) -> None:
+        """``done`` iterations in all; each chain's ``iteration`` and ``step_size`` ``(C,)``
+        and the ``recorder`` of its statistics; ``force`` at the end of the run."""
+        ...
+
+    def close(self) -> None:
+        """The run has ended (or failed)."""
+        ...
+
+
+#: ``(chains, warmup, draws) -> Display``, as ``hmc.sample(progress=...)`` takes it
+DisplayFactory = Callable[[int, int, int], Display]
 
 
 class Progress:
@@ -93,6 +138,111 @@ class Progress:
         for line in self.lines:
             line.close()
         self.run.close()
+
+
+class ProgressLines:
+    """Plain progress lines for a log: when compiling starts and ends, and the run's
+    iterations at most every ``every`` seconds and at its end, written to ``stream``
+    (standard error by default).
+
+    Examples
+    --------
+    >>> import functools, hmc
+    >>> every_minute = functools.partial(ProgressLines, every=60)
+    >>> dt = hmc.sample(log_prob, dim=3, progress=every_minute)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        chains: int,
+        warmup: int,
+        draws: int,
+        *,
+        every: float = LINE_SECONDS,
+        stream: TextIO | None = None,
+    ) -> None:
+        if not isinstance(every, int | float) or isinstance(every, bool) or not every >= 0:
+            raise ValueError(f"every must be a number of seconds >= 0, got {every!r}")
+        self.warmup = warmup
+        self.total = chains * (warmup + draws)
+        self.every = float(every)
+        self.stream = sys.stderr if stream is None else stream
+        self.started = self.shown = time.monotonic()
+        self.compile_started = self.started
+
+    def _write(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def compiling(self, compiling: bool) -> None:
+        """A line when compiling starts, and one with its time when it ends."""
+        now = time.monotonic()
+        if compiling:
+            self.compile_started = now
+            self._write("compiling the energy with torch.compile")
+        else:
+            self._write(f"compiling took {now - self.compile_started:.1f} s")
+
+    def update(
+        self, iteration: Any, done: int, recorder: Any, step_size: Any, *, force: bool = False
+    ) -> None:
+        """A line with ``done`` of all the run's iterations, the phase (warmup while a chain
+        is in it), the recorded divergent transitions and the elapsed time, at most every
+        :attr:`every` seconds unless ``force``; ``iteration`` ``(C,)`` as
+        :meth:`Progress.update` takes it (``step_size`` is not shown)."""
+        now = time.monotonic()
+        if not force and now - self.shown < self.every:
+            return
+        self.shown = now
+        phase = "warmup" if int(_numpy(iteration).min()) < self.warmup else "sampling"
+        divergences = recorder.chain_sums("diverging")
+        divergent = 0 if divergences is None else int(divergences.sum())
+        self._write(
+            f"{phase}: {done}/{self.total} iterations ({done / self.total:.0%}), "
+            f"{divergent} divergent, {now - self.started:.1f} s"
+        )
+
+    def close(self) -> None:
+        """Nothing to close: each line is written whole."""
+
+
+def print_now(line: str) -> None:
+    """Print ``line`` to standard output and flush it, so that a log shows it when it
+    happens (standard output to a file is written in blocks otherwise)."""
+    print(line, flush=True)
+
+
+def start_line(
+    model: str,
+    description: str,
+    dim: int,
+    chains: int,
+    warmup: int,
+    draws: int,
+    kernel: str,
+    seed: int,
+) -> str:
+    """What a command-line run samples (``model``, a few words on it, its ``dim``
+    unconstrained dimensions, and the run's settings), before it starts."""
+    from hmc import __version__
+
+    return (
+        f"hmc {__version__}: {model} ({description}, {dim} unconstrained dimensions); "
+        f"{chains} chains, {warmup} warmup and {draws} draws each, kernel {kernel}, "
+        f"seed {seed}"
+    )
+
+
+def end_line(dt: Any, seconds: float) -> str:
+    """What the run in the DataTree ``dt`` did, ``seconds`` after it started: its kernel,
+    compile time (when compiled), gradient evaluations and divergent transitions."""
+    attrs = dt.attrs
+    compiled = f", compiled in {attrs['compile_time']:.1f} s" if attrs["compiled"] else ""
+    divergences = int(dt["sample_stats"]["diverging"].values.sum())
+    return (
+        f"sampled in {seconds:.1f} s ({attrs['kernel']}{compiled}, "
+        f"{attrs['n_gradient_evaluations']} gradient evaluations, "
+        f"{divergences} divergent transitions)"
+    )
 
 
 def _label(group: np.ndarray) -> str:

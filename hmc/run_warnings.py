@@ -15,14 +15,16 @@ Stan and PyMC report these after sampling; so does :func:`hmc.sample`, once each
   direction the posterior does not constrain, drifting for ever). Only with at least
   :data:`UNSETTLED_MIN_DRAWS` draws per chain: over fewer, classic R-hat over-reacts to
   autocorrelation, and nested R-hat (:func:`hmc.nested_rhat`) is the check to run.
-  The unconstrained coordinates are checked; for a run streamed to a file
-  (``store=``), the stored posterior variables, read a block at a time.
+  The unconstrained coordinates are checked, named by their parameter (``W[3]``,
+  ``sigma``) for an :class:`hmc.Model` and by their index for a plain log density; for a
+  run streamed to a file (``store=``), the stored posterior variables, read a block at a
+  time.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,11 +49,14 @@ def warn_about_run(
     inverse_metric: np.ndarray,
     restarted_chains: np.ndarray | None = None,
     draws: np.ndarray | Any | None = None,
+    names: Sequence[str] | None = None,
 ) -> None:
     """Warn about the kept draws' ``sample_stats`` (``(C, W)`` arrays under their ArviZ
     names), the adapted ``inverse_metric`` (``(C, D)`` or ``(C, D, D)``), the chains
     the warmup restarted ``(R,)`` and the kept unconstrained ``draws`` ``(C, W, D)`` (or
-    a stored posterior: an ``xarray.Dataset`` of ``(chain, draw, ...)`` variables)."""
+    a stored posterior: an ``xarray.Dataset`` of ``(chain, draw, ...)`` variables).
+    ``names`` (``D`` of them) name the coordinates of unconstrained ``draws`` in the
+    messages; without them, their indices do."""
     if restarted_chains is not None and len(restarted_chains):
         warnings.warn(
             f"chains {restarted_chains.tolist()} stayed far below the others' log density "
@@ -103,7 +108,11 @@ def warn_about_run(
     stored = not isinstance(draws, np.ndarray)
     chains, kept = (draws.sizes["chain"], draws.sizes["draw"]) if stored else draws.shape[:2]
     if kept >= UNSETTLED_MIN_DRAWS and chains > 0:
-        blocks = _stored_blocks(draws) if stored else [(list(range(draws.shape[2])), draws)]
+        if stored:
+            blocks = _stored_blocks(draws)
+        else:
+            coordinates = list(range(draws.shape[2])) if names is None else list(names)
+            blocks = [(coordinates, draws)]
         unsettled, rhat, count = [], 1.0, 0
         for labels, block in blocks:
             bad, block_rhat = _unsettled(block)

@@ -44,7 +44,7 @@ from hmc.kernels.base import Kernel
 from hmc.loop import Run, run_chains
 from hmc.metric import metric_from_inverse
 from hmc.potential import Potential
-from hmc.progress import Progress
+from hmc.progress import DisplayFactory, Progress
 from hmc.random import chain_keys
 from hmc.recorder import Recorder
 from hmc.run_warnings import warn_about_run
@@ -83,7 +83,7 @@ def sample(
     dtype: torch.dtype = torch.float64,
     device: str | torch.device | None = None,
     save_warmup: bool = False,
-    progress: bool | None = None,
+    progress: bool | DisplayFactory | None = None,
     batched: bool = False,
     engine: str = "auto",
     compile: bool | str = "auto",
@@ -136,10 +136,13 @@ def sample(
     dtype, device : where the chains live (float64 on the CPU by default).
     save_warmup : bool
         Also return the ``warmup_posterior`` and ``warmup_sample_stats`` groups.
-    progress : bool, optional
+    progress : bool or callable, optional
         Show the progress (:mod:`hmc.progress`: the run, and each chain's iterations,
         divergences, step size and steps per draw); by default when standard error is a
-        terminal and the ``CI`` environment variable is not set.
+        terminal and the ``CI`` environment variable is not set. A callable ``(chains,
+        warmup, draws)`` makes the display instead: ``hmc.progress.ProgressLines`` writes
+        plain lines for a log (``functools.partial(ProgressLines, every=60)``: a line a
+        minute).
     batched : bool
         ``log_prob`` takes ``(C, D)`` and returns ``(C,)``.
     compile : True, False or "auto"
@@ -226,7 +229,7 @@ def sample(
     if ranks is not None:  # every rank runs with rank 0's seed, and only rank 0 shows progress
         _check_process_group(store)
         settings = settings._replace(
-            seed=common_seed(settings.seed), progress=settings.progress and ranks[0] == 0
+            seed=common_seed(settings.seed), progress=settings.progress if ranks[0] == 0 else False
         )
     chain_split = None
     if split is not None:
@@ -272,10 +275,13 @@ def sample(
         reduce=reduce,
         lockstep=settings.kernel.lockstep,
     )
-    bar = Progress(chains, warmup, draws) if settings.progress else None
-    try:  # the bar is closed whatever happens (an error, Ctrl-C)
-        if bar is not None:
-            potential.on_compile = bar.compiling
+    display = None
+    if settings.progress:  # True: the bar; else the caller's factory
+        make = Progress if settings.progress is True else settings.progress
+        display = make(chains, warmup, draws)
+    try:  # the display is closed whatever happens (an error, Ctrl-C)
+        if display is not None:
+            potential.on_compile = display.compiling
         keys = chain_keys(settings.seed, torch.arange(share.start, share.stop, device=device))
         adapter = _adapter(settings, potential, chain_split)
         started = time.perf_counter()
@@ -354,11 +360,11 @@ def sample(
                 interrupted,
             )
             params, adaptation, timing, completed = run_chains(
-                run, state, params, adaptation, recorder, bar, resume
+                run, state, params, adaptation, recorder, display, resume
             )
     finally:
-        if bar is not None:
-            bar.close()
+        if display is not None:
+            display.close()
     recorder.flush(int(completed.min()))  # what every chain completed, when interrupted
     finished = time.perf_counter()
     if completed.min() < warmup + draws and checkpoint_file and os.path.exists(checkpoint_file):
@@ -411,7 +417,13 @@ def sample(
     dims, coords = target.dims_and_coords()
     stats = recorder.stats(kept)
     if ranks is None or (split is None and ranks[0] == 0):  # split runs warn once gathered
-        warn_about_run(stats, inverse_metric, attrs["restarted_chains"], draws_array)
+        warn_about_run(
+            stats,
+            inverse_metric,
+            attrs["restarted_chains"],
+            draws_array,
+            target.coordinate_names(),
+        )
     tree = to_datatree(
         target.posterior(draws_array),
         stats,
@@ -455,7 +467,7 @@ def resume(
     checkpoint: str | os.PathLike,
     log_prob: Callable[[torch.Tensor], torch.Tensor] | Target,
     *,
-    progress: bool | None = None,
+    progress: bool | DisplayFactory | None = None,
 ) -> Any:
     """Continue the run whose checkpoint is at ``checkpoint`` (see :mod:`hmc.checkpoint`)
     and return its DataTree, as :func:`sample` would have.

@@ -24,6 +24,7 @@ from hmc.kernels.chees import ChEES
 from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
 from hmc.potential import COMPILE_CHOICES
+from hmc.progress import DisplayFactory
 from hmc.store import chunk_iterations
 from hmc.target import FlatTarget, Target
 
@@ -61,7 +62,8 @@ KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS, "chees": C
 
 class Settings(NamedTuple):
     """The kernel to run, the metric's name (lower case), the seed (drawn when none was
-    given), whether to show progress, the chains' device, the run's engine
+    given), whether to show progress (True: the bar; or the display's factory,
+    :data:`hmc.progress.DisplayFactory`), the chains' device, the run's engine
     (:func:`hmc.arrays.engine_for`), whether to compile the energy (True, False, or
     ``"auto"`` for the energy to decide: :func:`auto_compile`), the warmup adaptation's
     name (by default ``"ensemble"`` for ChEES), the number of warmup iterations and the
@@ -71,7 +73,7 @@ class Settings(NamedTuple):
     kernel: Kernel
     metric: str
     seed: int
-    progress: bool
+    progress: bool | DisplayFactory
     device: torch.device
     engine: str
     compile: bool | str
@@ -129,11 +131,14 @@ def validate(**kw: Any) -> Settings:
     for name in ("save_warmup", "batched"):
         if not isinstance(kw[name], bool | np.bool_):
             raise TypeError(f"{name} must be True or False, got {kw[name]!r}")
-    if kw["progress"] is not None and not isinstance(kw["progress"], bool):
-        raise TypeError(f"progress must be True, False or None, got {kw['progress']!r}")
+    progress = kw["progress"]
+    if progress is not None and not isinstance(progress, bool) and not callable(progress):
+        raise TypeError(
+            "progress must be True, False, None or a callable (chains, warmup, draws) -> "
+            f"display (hmc.progress.ProgressLines), got {progress!r}"
+        )
     if not any(kw["compile"] is choice for choice in COMPILE_CHOICES):
         raise ValueError(f"compile must be True, False or 'auto', got {kw['compile']!r}")
-    progress = kw["progress"]
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     device = _device(kw["device"])
@@ -144,7 +149,7 @@ def validate(**kw: Any) -> Settings:
         kernel,
         metric.lower(),
         int(seed),
-        bool(progress),
+        progress if callable(progress) else bool(progress),
         device,
         engine_for(device, kw["engine"]),
         compile,

@@ -46,6 +46,11 @@ class Target(Protocol):
         """Further ArviZ groups (``observed_data``, ``log_likelihood``, ...)."""
         ...
 
+    def coordinate_names(self) -> list[str] | None:
+        """A name for each of the ``D`` unconstrained coordinates (for messages), or None
+        to call them by their index."""
+        ...
+
 
 class FlatTarget:
     """A user's log density over a flat vector, reported as the variable ``x``."""
@@ -92,3 +97,6 @@ class FlatTarget:
 
     def extra_groups(self, draws: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
         return {}
+
+    def coordinate_names(self) -> None:
+        return None  # a flat vector's coordinates are its indices

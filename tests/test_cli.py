@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 
@@ -104,6 +105,10 @@ def test_demo_command_writes_its_four_files(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mu" in result.stdout and "tau" in result.stdout and "ess_bulk" in result.stdout
+    # not a terminal: the run is told in plain lines (the progress on standard error)
+    assert "2 chains, 100 warmup and 100 draws each, kernel nuts, seed 3" in result.stdout
+    assert "sampling: 400/400 iterations (100%)" in result.stderr, result.stderr[-3000:]
+    assert "sampled in " in result.stdout
     dt = check_outputs(out)
     assert dt["posterior"].sizes["chain"] == 2 and dt["posterior"].sizes["draw"] == 100
 
@@ -247,6 +252,50 @@ def test_sample_command_runs_a_built_in_posterior(tmp_path, capsys):
 
     dt = xarray.open_datatree(out, engine="h5netcdf")
     assert dt["posterior"]["beta"].shape == (2, 50, 5)
+
+
+def test_sample_command_reports_the_run_in_a_log(tmp_path, capsys):
+    """With its output captured (a log, not a terminal), ``sample`` says what it samples,
+    then writes plain progress lines to standard error (here at every iteration end), then
+    says what the run did: a long run never looks hung."""
+    out = tmp_path / "run.nc"
+    assert main(
+        ["sample", "blr", "--chains", "2", "--warmup", "20", "--draws", "20", "--seed", "2",
+         "--out", str(out), "--progress-every", "0"]
+    ) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    printed = captured.out.splitlines()
+    assert re.fullmatch(
+        r"hmc \S+: sblrc-blr \(posteriordb posterior, 6 unconstrained dimensions\); 2 chains, "
+        r"20 warmup and 20 draws each, kernel nuts, seed 2",
+        printed[0],
+    ), printed[0]
+    assert re.fullmatch(
+        r"sampled in [0-9.]+ s \(NUTS, \d+ gradient evaluations, \d+ divergent transitions\)",
+        printed[1],
+    ), printed[1]
+    progress = [
+        line
+        for line in captured.err.splitlines()
+        if re.fullmatch(
+            r"(warmup|sampling): \d+/80 iterations \(\d+%\), \d+ divergent, [0-9.]+ s", line
+        )
+    ]
+    assert len(progress) > 2, captured.err
+    assert progress[0].startswith("warmup: ") and progress[-1].startswith(
+        "sampling: 80/80 iterations (100%)"
+    ), progress
+
+
+def test_sample_command_writes_a_progress_line_at_most_every_interval(tmp_path, capsys):
+    """An interval longer than the run: no line but the one at its end."""
+    out = tmp_path / "run.nc"
+    assert main(
+        ["sample", "blr", "--chains", "2", "--warmup", "20", "--draws", "20", "--out", str(out),
+         "--progress-every", "3600"]
+    ) == 0  # fmt: skip
+    lines = [line for line in capsys.readouterr().err.splitlines() if " iterations (" in line]
+    assert len(lines) == 1 and lines[0].startswith("sampling: 80/80 iterations (100%)"), lines
 
 
 def test_sample_command_runs_a_model_file(tmp_path, capsys):

@@ -4,7 +4,8 @@ Each ``notebooks/NAME.ipynb`` is paired with ``notebooks/NAME.py`` (jupytext's p
 format): the same cells, a kernelspec, and the outputs of a run of every code cell, so
 that it reads on a code host without running. In the slow tier each ``.ipynb`` is also run
 top to bottom, small (``HMC_SMALL=1``), by Jupyter's own command line (``jupyter
-execute``). The documentation build (``tests/test_docs.py``) runs the scripts again.
+execute``). The documentation build (``tests/test_docs.py``) runs none: it shows the
+committed outputs.
 """
 
 from __future__ import annotations

@@ -80,6 +80,52 @@ def test_sample_warns_about_a_direction_the_posterior_does_not_constrain():
         )  # fmt: skip
 
 
+def test_unsettled_coordinates_are_named_by_the_names_given():
+    rng = np.random.default_rng(0)
+    draws = rng.normal(size=(4, 200, 3))
+    draws[:, :, 1] += np.cumsum(rng.normal(size=(4, 200)), axis=1)
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        warn_about_run(HEALTHY, np.ones((2, 3)), draws=draws, names=["sigma", "W[0]", "W[1]"])
+    (message,) = [str(r.message) for r in records]
+    assert message.startswith("1 of 3 coordinates (of the unconstrained position: W[0]) have")
+
+
+def test_a_models_coordinates_are_named_by_parameter_and_index():
+    """Scalars by name, tensor entries by name and index, and a simplex (whose
+    unconstrained shape is not its own) under its unconstrained name."""
+    from torch.distributions import constraints
+
+    model = hmc.Model(
+        lambda p: -(p["W"] ** 2).sum() - p["sigma"] - (p["w"] ** 2).sum(),
+        {
+            "sigma": hmc.Param((), constraints.positive),
+            "W": hmc.Param((2, 2)),
+            "w": hmc.Param(3, constraints.simplex),
+        },
+    )
+    assert model.coordinate_names() == [
+        "sigma", "W[0, 0]", "W[0, 1]", "W[1, 0]", "W[1, 1]", "w_unconstrained[0]",
+        "w_unconstrained[1]",
+    ]  # fmt: skip
+    assert len(model.coordinate_names()) == model.dim
+
+
+def test_sample_names_the_model_parameter_that_has_not_settled():
+    """A Model whose log density leaves W[1] flat: the warning names it, not index 2."""
+    model = hmc.Model(
+        lambda p: -0.5 * p["mu"] ** 2 - 0.5 * (p["W"][0] ** 2 + p["W"][2] ** 2),
+        {"mu": hmc.Param(), "W": hmc.Param(3)},
+    )
+    with pytest.warns(
+        RuntimeWarning, match=r"1 of 4 coordinates \(of the unconstrained position: W\[1\]\)"
+    ):
+        hmc.sample(
+            model, chains=4, warmup=150, draws=150, seed=1, progress=False,
+            kernel=hmc.NUTS(max_tree_depth=5),
+        )  # fmt: skip
+
+
 def test_sample_warns_at_the_end_of_a_run_at_maximum_depth():
     with pytest.warns(RuntimeWarning, match="stopped at the maximum tree depth 2"):
         hmc.sample(
