@@ -44,9 +44,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch._dynamo.utils
 import torch.utils._pytree
 
-__all__ = ["CompiledEnergy", "CompiledLoop"]
+__all__ = ["RECOMPILED", "CompiledEnergy", "CompiledLoop", "compiled_graphs"]
 
 Energy = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -71,7 +72,8 @@ class CompiledEnergy:
     ----------
     width : the batch width the graph is compiled for.
     seconds : wall time of the calls that compiled (the first call at each width).
-    failure : why compiling failed, or None.
+    failure : why compiling failed, or why the graph is not to be used any more
+        (:data:`RECOMPILED`), or None.
     """
 
     def __init__(
@@ -96,7 +98,10 @@ class CompiledEnergy:
         self.width = width = max(self.width, rows)
         x = q if rows == width else torch.cat((q, q[:1].expand(width - rows, -1)))
         if width == self._compiled_width:
+            before = compiled_graphs()
             U, grad = self._function(x)
+            if compiled_graphs() != before:  # torch compiled again for the same inputs
+                self.failure = RECOMPILED
         else:
             U, grad = self._compile(x)
         if self._copy_outputs:
@@ -192,10 +197,14 @@ class CompiledLoop:
             self._check(self._probe(tensors))
         if self.failure is not None:
             return None
+        before = compiled_graphs()
         try:
-            return self._graph(*tensors)
+            result = self._graph(*tensors)
         except Exception:  # the density raised: this call runs eagerly
             return None
+        if compiled_graphs() != before:  # torch compiled again for the same shapes
+            self.failure = RECOMPILED
+        return result
 
     def _check(self, tensors: tuple[torch.Tensor, ...]) -> None:
         """Compile on ``tensors`` and compare with the eager result there."""
@@ -247,6 +256,22 @@ def _mismatch(compiled: Any, eager: Any) -> float | None:
         if difference > LOOP_RTOL[a.dtype]:
             worst = max(worst, difference)
     return worst or None
+
+
+#: why a graph that torch compiled again for inputs of the same shape is given up: its
+#: guards failed on something other than the positions, which is Python state that
+#: ``log_prob`` reads or writes (a call counter, a list it appends to), and every later
+#: call would compile again (up to torch's recompile limit, then run eagerly unannounced)
+RECOMPILED = (
+    "torch compiled log_prob again for positions of the same shape: it reads or writes "
+    "Python state (a call counter, a list it appends to), which changes between calls"
+)
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has captured in this process (its own counter; a ``while_loop``'s
+    traced body counts too)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def energy_function(log_prob: Callable, batched: bool) -> Energy:

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from hmc._torch_compat import distribution_validation_off, validation_enabled
-from hmc.compiled import CompiledEnergy, CompiledLoop
+from hmc.compiled import RECOMPILED, CompiledEnergy, CompiledLoop
 from hmc.memo import MemoCache
 
 #: the dtypes a run may sample in
@@ -302,15 +302,17 @@ class Potential:
         return result
 
     def _loop_failed(self, failure: str) -> None:
-        """Warn, once per energy, that a loop does not compile, and say why."""
-        if self.compile_note is None:
-            self.compile_note = failure
-            warnings.warn(
-                f"could not compile the transition with log_prob ({failure}); running it "
-                "eagerly. Pass compile=False to skip the attempt.",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+        """Run every later transition eagerly, warning why."""
+        if failure == RECOMPILED:
+            self._give_up_graph(failure)
+            return
+        self._compile, self.compiled, self.compile_note = False, False, failure
+        warnings.warn(
+            f"could not compile the transition with log_prob ({failure}); running it "
+            "eagerly. Pass compile=False to skip the attempt.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def check(self, q: torch.Tensor) -> bool:
         """Run ``log_prob`` on ``q`` ``(C, D)`` and raise a clear error if its output has
@@ -453,8 +455,17 @@ class Potential:
         """``U`` ``(C,)`` and ``dU/dq`` ``(C, D)``, compiled when :attr:`compiled`;
         raises what ``log_prob`` raises."""
         if self._graph is not None:
-            return self._graph(q)
+            U, grad = self._graph(q)
+            if self._graph.failure is not None:  # compiled again: eager from now on
+                self._give_up_graph(self._graph.failure)
+            return U, grad
         return self._eager_energy(q)
+
+    def _give_up_graph(self, why: str) -> None:
+        """Evaluate eagerly from now on, warning once why (:data:`hmc.compiled.RECOMPILED`)."""
+        self._graph, self._compile, self.compiled = None, False, False
+        self.compile_note = why
+        warnings.warn(f"{why}; evaluating it eagerly from now on.", RuntimeWarning, stacklevel=6)
 
     def _eager_energy(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``U`` ``(C,)`` and ``dU/dq`` ``(C, D)`` with one ``autograd.grad`` call; raises

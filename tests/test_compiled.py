@@ -143,6 +143,32 @@ def test_auto_compiles_at_a_fixed_count_of_evaluations(monkeypatch):
     assert potential.compiled
 
 
+CALLS = {"n": 0}
+
+
+def counted(q: torch.Tensor) -> torch.Tensor:
+    """A log density that counts its calls in Python state (a user's habit)."""
+    CALLS["n"] += 1
+    return -0.5 * (q**2).sum()
+
+
+def test_a_density_with_python_state_is_compiled_once_then_runs_eagerly_with_one_warning():
+    """A counter inside log_prob makes torch compile again at every call; the run sees
+    the second compile, warns once naming the cause, says so in its attrs and goes on
+    eagerly instead of recompiling up to torch's limit."""
+    before = graphs()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dt = hmc.sample(
+            counted, dim=2, chains=2, warmup=50, draws=50, seed=1, compile=True, progress=False
+        )
+    messages = [str(w.message) for w in caught if "Python state" in str(w.message)]
+    assert len(messages) == 1 and messages[0].startswith("torch compiled log_prob again")
+    assert graphs() - before == 2  # the first compile and the one that was noticed
+    assert dt.attrs["compiled"] == 0 and "Python state" in dt.attrs["compile_note"]
+    assert np.isfinite(dt["posterior"]["x"].values).all()
+
+
 def test_compile_argument_is_checked():
     with pytest.raises(ValueError, match="compile must be True, False or 'auto'"):
         Potential(wavy, compile="yes")
