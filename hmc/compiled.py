@@ -44,7 +44,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch._dynamo.utils
 import torch.utils._pytree
 
 __all__ = ["RECOMPILED", "CompiledEnergy", "CompiledLoop", "compiled_graphs"]
@@ -271,6 +270,8 @@ RECOMPILED = (
 def compiled_graphs() -> int:
     """Graphs dynamo has captured in this process (its own counter; a ``while_loop``'s
     traced body counts too)."""
+    import torch._dynamo.utils  # here: importing dynamo imports SymPy, 1 s
+
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 

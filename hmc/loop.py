@@ -42,7 +42,9 @@ class Run(NamedTuple):
     the engine's arrays), the checkpoints: ``checkpoint(snapshot)`` called every
     ``checkpoint_every`` iterations and at the end of warmup (None: no checkpoints), and
     ``interrupted()``, read between kernel calls: whether Ctrl-C or SIGTERM came
-    (:func:`hmc.interrupts.interrupt_requests`)."""
+    (:func:`hmc.interrupts.interrupt_requests`), and the iteration at which every chain
+    having arrived, ``compile="auto"`` is settled (:meth:`hmc.Potential.decide_compile`;
+    None: nothing to decide)."""
 
     kernel: Kernel
     potential: Potential
@@ -53,6 +55,7 @@ class Run(NamedTuple):
     checkpoint: Callable[[Snapshot], None] | None = None
     checkpoint_every: int = 0
     interrupted: Callable[[], bool] = lambda: False
+    decide_compile_at: int | None = None
 
 
 class Timing(NamedTuple):
@@ -134,6 +137,7 @@ def run_chains(
     warming = chains if first < warmup else 0
     counts = _Counts(False, False, False, first * chains, first, warming, chains)
     latest = state  # each chain's last state, kept for the checkpoints
+    decide_at = run.decide_compile_at if resume is None else None
     if resume is None:
         warmup_seconds, started, useful, slots = None, time.perf_counter(), 0.0, 0.0
     else:
@@ -181,6 +185,9 @@ def run_chains(
                     host_iteration = iteration
                 elif step.finished is not None:
                     host_iteration = _advanced(host_iteration, step.finished)
+            if decide_at is not None and counts.least >= decide_at:
+                run.potential.decide_compile(counts.total_done, chains * total - counts.total_done)
+                decide_at = None
             if counts.warming == 0 and warmup_seconds is None:
                 warmup_seconds = time.perf_counter() - started
             if was_warming == 0:  # every chain was sampling during this call

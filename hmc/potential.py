@@ -40,6 +40,7 @@ and in the step-size search, stay eager).
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Hashable
@@ -55,14 +56,35 @@ from hmc.memo import MemoCache
 #: the dtypes a run may sample in
 _DTYPES = (torch.float32, torch.float64)
 
-__all__ = ["AUTO_COMPILE_CALLS", "COMPILE_CHOICES", "Potential"]
+__all__ = ["AUTO_COMPILE_CALLS", "COMPILE_CHOICES", "Potential", "compile_choice"]
 
 LogProb = Callable[[torch.Tensor], torch.Tensor]
 
-#: Evaluation calls after which ``compile="auto"`` compiles: at a typical 500 microseconds
-#: per eager evaluation, about the 5 s compiling a posteriordb model takes on a 2-core CPU.
+#: Evaluation calls after which ``compile="auto"`` compiles where no run has decided
+#: (:meth:`Potential.decide_compile`): at a typical 500 microseconds per eager evaluation,
+#: about the 5 s compiling a posteriordb model takes on a 2-core CPU.
 AUTO_COMPILE_CALLS = 10_000
 COMPILE_CHOICES = (True, False, "auto")
+
+
+def compile_choice(value: Any) -> bool | str:
+    """``value`` as one of :data:`COMPILE_CHOICES` (True and False themselves, not 1 and
+    0; any string equal to ``"auto"``, such as one read back from a checkpoint); raises
+    naming ``compile`` otherwise."""
+    if value is True or value is False or (isinstance(value, str) and value == "auto"):
+        return value if isinstance(value, bool) else "auto"
+    raise ValueError(f"compile must be True, False or 'auto', got {value!r}")
+
+
+#: What :meth:`Potential.decide_compile` expects compiling to cost, in seconds, and the
+#: least speed-up of the evaluations it expects from it: the energy's graph (cold, and
+#: with torch's on-disk cache, which holds it across processes) and a lockstep kernel's
+#: whole transition (torch caches no ``while_loop`` graph on disk, so always cold). The
+#: low ends of what the built-in posteriors measure on a 2-core CPU
+#: (``benchmarks/RESULTS.md``): energy 12-36 s cold, 3-7 s warm, 3.2-5.9 times faster;
+#: transitions 4-8 s, 10-29 times faster.
+COMPILE_COST = {"energy": 15.0, "energy, cached": 6.0, "loop": 7.0}
+COMPILED_SPEEDUP = {"energy": 3.0, "loop": 9.0}
 
 
 class Potential:
@@ -100,6 +122,8 @@ class Potential:
     compile_note : str or None
         Why the energy is not compiled although asked to be (the compiler's error), or
         None.
+    compile_decision : str or None
+        How ``compile="auto"`` was settled for a run (:meth:`decide_compile`), or None.
     on_compile : callable or None
         Called with True when compiling starts and False when it ends (a progress bar's
         hook).
@@ -130,8 +154,6 @@ class Potential:
             cache = None
         if cache is not None and not isinstance(cache, MemoCache):
             raise TypeError(f"cache must be a MemoCache, True or None, got {cache!r}")
-        if not any(compile is choice for choice in COMPILE_CHOICES):
-            raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
         self.log_prob = log_prob
         self.reduce = reduce
         self.batched = bool(batched)
@@ -144,11 +166,13 @@ class Potential:
         self.compile_seconds = 0.0
         self.compile_note: str | None = None
         self.on_compile: Callable[[bool], None] | None = None
-        self._compile = compile
+        self._compile = compile_choice(compile)
         self._graph: CompiledEnergy | None = None
         self.lockstep = bool(lockstep)
         self._loops: dict[Hashable, CompiledLoop] = {}
         self._calls = 0
+        self._eager_seconds = 0.0
+        self.compile_decision: str | None = None
         self._widest = 0
 
     # ------------------------------------------------------------------ public API
@@ -185,16 +209,51 @@ class Potential:
             return self._value_and_grad(q)
         if self.lockstep:  # counted towards compile="auto"; transitions compile, not this
             self._calls += 1
-            return self._value_and_grad(q)
+            return self._timed(q)
         if q.ndim == 2:
             self._widest = max(self._widest, q.shape[0])
         if self._compile == "auto":
             self._calls += 1
             if self._calls < AUTO_COMPILE_CALLS:
-                return self._value_and_grad(q)
+                return self._timed(q)
         if not self.compiled:
             self._compile_now(q)
         return self._value_and_grad(q)
+
+    def _timed[A: (torch.Tensor, np.ndarray)](self, q: A) -> tuple[A, A]:
+        """An eager evaluation, its wall time added to the eager seconds
+        :meth:`decide_compile` weighs."""
+        started = time.perf_counter()
+        try:
+            return self._value_and_grad(q)
+        finally:
+            self._eager_seconds += time.perf_counter() - started
+
+    def decide_compile(self, done: int, left: int) -> bool:
+        """Settle ``compile="auto"`` for the rest of a run from what its eager evaluations
+        cost: ``done`` iterations (of all chains together) spent the measured eager
+        seconds, so the ``left`` ones are expected to spend ``left / done`` times as
+        much; compiling pays where that, less its expected share once compiled
+        (:data:`COMPILED_SPEEDUP`), exceeds what compiling is expected to cost
+        (:data:`COMPILE_COST`). The energy then compiles at its next evaluation (a
+        lockstep kernel's transition at its next transition); otherwise it stays eager
+        for the run. The figures and the outcome go to :attr:`compile_decision`. Returns
+        whether it compiles; a Potential that is not ``"auto"`` changes nothing."""
+        if self._compile != "auto":
+            return bool(self._compile)
+        what = "loop" if self.lockstep else "energy"
+        expected = self._eager_seconds / max(done, 1) * left
+        saving = expected * (1 - 1 / COMPILED_SPEEDUP[what])
+        cost = COMPILE_COST[what]
+        if not self.lockstep and saving > COMPILE_COST["energy, cached"] and _cache_used():
+            cost = COMPILE_COST["energy, cached"]  # (a look at the cache imports inductor)
+        self._compile = saving > cost
+        self.compile_decision = (
+            f"{'compiled' if self._compile else 'eager'}: {left} iterations left, expected "
+            f"to spend {expected:.1f} s in eager evaluations ({self._eager_seconds:.2f} s "
+            f"over {done}), compiling to save {saving:.1f} s for about {cost:.0f} s"
+        )
+        return self._compile
 
     def _value_and_grad[A: (torch.Tensor, np.ndarray)](self, q: A) -> tuple[A, A]:
         if isinstance(q, np.ndarray):
@@ -541,3 +600,13 @@ class Potential:
 
 def _infinite(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.full(q.shape[:1], torch.inf, dtype=q.dtype, device=q.device), torch.zeros_like(q)
+
+
+def _cache_used() -> bool:
+    """Whether torch's on-disk cache of compiled graphs holds any graph (this process's or
+    an earlier one's): a hint that compiling is cheaper, since a graph compiled before
+    comes from there."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir  # imports SymPy, 1 s
+
+    graphs = os.path.join(cache_dir(), "fxgraph")
+    return os.path.isdir(graphs) and bool(os.listdir(graphs))

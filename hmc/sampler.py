@@ -53,6 +53,7 @@ from hmc.settings import (
     KERNELS,
     as_target,
     check_memory,
+    compile_decision_at,
     init_radius,
     validate,
 )
@@ -146,12 +147,16 @@ def sample(
     batched : bool
         ``log_prob`` takes ``(C, D)`` and returns ``(C,)``.
     compile : True, False or "auto"
-        Evaluate the energy and its gradient through one graph built by ``torch.compile``
-        (:mod:`hmc.compiled`), compiled at the initial points. ``"auto"`` (the default)
-        compiles a run known to reach 1000 iterations per chain and leaves shorter ones
-        eager; a pooled warmup that may stop early compiles only if the run goes on
-        (:func:`hmc.settings.auto_compile`). Without a working compiler the run goes on
-        eagerly after one warning.
+        Evaluate through graphs built by ``torch.compile`` (:mod:`hmc.compiled`): the
+        energy and its gradient for NUTS, the whole transition for static HMC and ChEES.
+        ``True`` compiles at the first evaluation. ``"auto"`` (the default) runs eagerly
+        and, a tenth into the run, compiles only where the measured cost of the eager
+        evaluations says that compiling pays for the rest of the run (the pooled warmup:
+        at the end of its warmup), recorded in the ``compile_decision`` attribute
+        (:meth:`hmc.Potential.decide_compile`, :func:`hmc.settings.compile_decision_at`).
+        The decision is timed, so a run near the threshold may go either way: pass True
+        or False where runs must repeat bit for bit. Without a working compiler the run
+        goes on eagerly after one warning.
     adapted_from : DataTree or path, optional
         A previous run (its DataTree, or a checkpoint it wrote at or after the end of its
         warmup) whose adapted step sizes and inverse metrics this run starts from
@@ -358,6 +363,9 @@ def sample(
                 save,
                 checkpoint_every or 0,
                 interrupted,
+                compile_decision_at(settings.adapt, warmup, draws)
+                if settings.compile == "auto"
+                else None,
             )
             params, adaptation, timing, completed = run_chains(
                 run, state, params, adaptation, recorder, display, resume
@@ -394,6 +402,7 @@ def sample(
         compiled=potential.compiled,
         compile_time=potential.compile_seconds,
         compile_note=potential.compile_note,
+        compile_decision=potential.compile_decision,
         interrupted=kept_count < draws,
         adapt=settings.adapt,
         restarted_chains=_restarted(adaptation),

@@ -23,21 +23,21 @@ from hmc.kernels.base import Kernel
 from hmc.kernels.chees import ChEES
 from hmc.kernels.hmc import HMC
 from hmc.kernels.nuts import NUTS
-from hmc.potential import COMPILE_CHOICES
+from hmc.potential import compile_choice
 from hmc.progress import DisplayFactory
 from hmc.store import chunk_iterations
 from hmc.target import FlatTarget, Target
 
 __all__ = [
     "ADAPTATIONS",
-    "AUTO_COMPILE_ITERATIONS",
+    "AUTO_DECISION_ITERATIONS",
     "DEFAULT_CHECKPOINT_EVERY",
     "KERNELS",
     "METRICS",
     "Settings",
     "as_target",
-    "auto_compile",
     "check_memory",
+    "compile_decision_at",
     "init_radius",
     "validate",
 ]
@@ -49,12 +49,9 @@ ADAPTATIONS = ("stan", "ensemble")
 #: ChEES's default target for the harmonic mean of the acceptance probabilities (the
 #: optimum for HMC on Gaussians, Beskos et al. 2013); NUTS and HMC target 0.8 (Stan)
 CHEES_TARGET_ACCEPT = 0.651
-#: ``hmc.sample(compile="auto")`` compiles runs of at least this many iterations per chain
-#: (warmup + draws; the default run has 2,000): at that length the eager gradients of every
-#: built-in posterior take longer than compiling it (benchmarks/RESULTS.md, compiled
-#: energy). Shorter runs (tests, a quick look) stay eager. The pooled warmup's length is
-#: not known in advance (:func:`auto_compile`).
-AUTO_COMPILE_ITERATIONS = 1000
+#: ``hmc.sample(compile="auto")`` decides whether to compile once a tenth of the run's
+#: iterations are done, and at least this many (:func:`compile_decision_at`)
+AUTO_DECISION_ITERATIONS = 20
 #: iterations between checkpoints when ``checkpoint=`` is given alone
 DEFAULT_CHECKPOINT_EVERY = 100
 KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS, "chees": ChEES}
@@ -65,7 +62,7 @@ class Settings(NamedTuple):
     given), whether to show progress (True: the bar; or the display's factory,
     :data:`hmc.progress.DisplayFactory`), the chains' device, the run's engine
     (:func:`hmc.arrays.engine_for`), whether to compile the energy (True, False, or
-    ``"auto"`` for the energy to decide: :func:`auto_compile`), the warmup adaptation's
+    ``"auto"``: decided during the run, :func:`compile_decision_at`), the warmup adaptation's
     name (by default ``"ensemble"`` for ChEES), the number of warmup iterations and the
     target acceptance statistic (by default Stan's 0.8, or :data:`CHEES_TARGET_ACCEPT`
     for ChEES)."""
@@ -137,14 +134,10 @@ def validate(**kw: Any) -> Settings:
             "progress must be True, False, None or a callable (chains, warmup, draws) -> "
             f"display (hmc.progress.ProgressLines), got {progress!r}"
         )
-    if not any(kw["compile"] is choice for choice in COMPILE_CHOICES):
-        raise ValueError(f"compile must be True, False or 'auto', got {kw['compile']!r}")
+    compile = compile_choice(kw["compile"])
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     device = _device(kw["device"])
-    compile = kw["compile"]
-    if compile == "auto":
-        compile = auto_compile(adapt, warmup, kw["draws"])
     return Settings(
         kernel,
         metric.lower(),
@@ -159,18 +152,18 @@ def validate(**kw: Any) -> Settings:
     )
 
 
-def auto_compile(adapt: str, warmup: int, draws: int) -> bool | str:
-    """What ``compile="auto"`` means for a run: compile from the start (True) when the run
-    is known to reach :data:`AUTO_COMPILE_ITERATIONS` iterations per chain, never (False)
-    when it cannot. The pooled warmup (``adapt="ensemble"``) stops once the chains have
-    settled, typically after 120-200 of its ``warmup`` iterations, so only its draws are
-    known: where the cap could reach the threshold, the energy decides for itself
-    (``"auto"``: :class:`hmc.Potential` compiles at its ``AUTO_COMPILE_CALLS``-th
-    evaluation, once the run has gone on long enough to pay for it)."""
-    known = draws if adapt == "ensemble" else warmup + draws
-    if known >= AUTO_COMPILE_ITERATIONS:
-        return True
-    return "auto" if warmup + draws >= AUTO_COMPILE_ITERATIONS else False
+def compile_decision_at(adapt: str, warmup: int, draws: int) -> int:
+    """The iteration at which ``compile="auto"`` decides, from the measured cost of the
+    eager evaluations so far, whether compiling pays for the rest of the run
+    (:meth:`hmc.Potential.decide_compile`): a tenth into the run, and at least
+    :data:`AUTO_DECISION_ITERATIONS` in. The pooled warmup (``adapt="ensemble"``) stops
+    once the chains have settled, typically after 120-200 of its ``warmup`` iterations, so
+    its run decides at the end of warmup, when only the draws are left; until then the
+    energy's own count may compile it (:data:`hmc.potential.AUTO_COMPILE_CALLS`)."""
+    if adapt == "ensemble":
+        return warmup
+    total = warmup + draws
+    return min(total, max(AUTO_DECISION_ITERATIONS, total // 10))
 
 
 def _adaptation(adapt: Any, kernel: Kernel) -> str:

@@ -85,6 +85,7 @@ def run_attrs(
     compiled: bool,
     compile_time: float,
     compile_note: str | None,
+    compile_decision: str | None = None,
     interrupted: bool = False,
     adapt: str = "stan",
     restarted_chains: np.ndarray | None = None,
@@ -111,6 +112,7 @@ def run_attrs(
         "compiled": compiled,
         "compile_time": compile_time,
         "compile_note": compile_note or "",
+        "compile_decision": compile_decision or "",
         "interrupted": interrupted,
         "adapt": adapt,
         "restarted_chains": np.zeros(0, dtype=np.int64)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -21,7 +22,7 @@ import hmc
 import hmc.models
 import hmc.potential
 from hmc.potential import Potential
-from hmc.settings import AUTO_COMPILE_ITERATIONS, auto_compile
+from hmc.settings import compile_decision_at
 
 F64 = torch.float64
 
@@ -179,18 +180,54 @@ def test_compile_argument_is_checked():
 # ---------------------------------------------------------------------- in a run
 def test_short_runs_stay_eager_by_default(standard_normal):
     dt = hmc.sample(standard_normal, dim=2, chains=2, warmup=100, draws=100, seed=1, progress=False)
-    assert AUTO_COMPILE_ITERATIONS > 200
     assert dt.attrs["compiled"] == 0 and dt.attrs["compile_time"] == 0
+    assert dt.attrs["compile_decision"].startswith("eager: ")
 
 
-def test_auto_compiles_runs_known_to_be_long_and_lets_the_pooled_warmup_decide_as_it_goes():
-    """Stan's warmup has a known length; the pooled warmup stops when the chains settle
-    (often at 120 of its 1000 iterations), so only its draws count in advance."""
-    assert auto_compile("stan", 1000, 1000) is True
-    assert auto_compile("stan", 500, 400) is False
-    assert auto_compile("ensemble", 1000, 1000) is True
-    assert auto_compile("ensemble", 1000, 20) == "auto"
-    assert auto_compile("ensemble", 200, 20) is False
+def test_auto_decides_a_tenth_into_the_run_and_the_pooled_warmup_at_its_end():
+    assert compile_decision_at("stan", 1000, 1000) == 200
+    assert compile_decision_at("stan", 50, 50) == 20
+    assert compile_decision_at("stan", 0, 10) == 10
+    assert compile_decision_at("ensemble", 1000, 20) == 1000
+
+
+def test_the_readme_example_stays_eager_by_the_measured_cost():
+    """The README's first example (a 3-D Gaussian, 4 chains, 1000 + 1000): its eager
+    evaluations take a few seconds in all, less than compiling would save."""
+    log_prob = gaussian_log_prob(np.zeros(3), np.eye(3))
+    dt = hmc.sample(log_prob, dim=3, chains=4, seed=1, progress=False)
+    assert dt.attrs["compiled"] == 0
+    decision = dt.attrs["compile_decision"]  # NUTS chains are not in step: about 7,200
+    assert re.match(r"eager: 7[01]\d\d iterations left", decision), decision
+
+
+def test_auto_compiles_where_the_expected_saving_exceeds_the_cost(monkeypatch):
+    """With compiling expected to cost nothing, the decision a tenth into the run
+    compiles the energy (NUTS) and the run says why."""
+    monkeypatch.setattr(
+        hmc.potential, "COMPILE_COST", dict.fromkeys(hmc.potential.COMPILE_COST, 0.0)
+    )
+    dt = hmc.sample(wavy, dim=3, chains=2, warmup=100, draws=100, seed=1, progress=False)
+    assert dt.attrs["compiled"] == 1 and dt.attrs["compile_time"] > 0
+    assert re.match(r"compiled: 3[56]\d iterations left", dt.attrs["compile_decision"])
+
+
+def test_decide_compile_weighs_the_measured_eager_seconds(monkeypatch):
+    """Compile where the eager seconds expected for what is left, less their compiled
+    share, exceed the expected cost of compiling; and only once, for "auto"."""
+    monkeypatch.setattr(
+        hmc.potential, "COMPILE_COST", dict.fromkeys(hmc.potential.COMPILE_COST, 10.0)
+    )
+    q = points(2, 3)
+    for seconds, left, compiles in ((1.0, 100, False), (1.0, 200, True)):
+        potential = Potential(wavy)
+        potential.value_and_grad(q)
+        potential._eager_seconds = seconds  # 1 s over 10 iterations, as if measured
+        # expected 10 s or 20 s left, saving two thirds of it: 6.7 s or 13.3 s against 10 s
+        assert potential.decide_compile(10, left) is compiles
+        assert potential.compile_decision.startswith("compiled" if compiles else "eager")
+        assert potential.decide_compile(10, 10**6) is compiles  # settled
+    assert Potential(wavy, compile=False).decide_compile(1, 10**9) is False
 
 
 def test_the_many_short_chains_recipe_stays_eager_when_its_warmup_stops_early(standard_normal):
