@@ -13,7 +13,10 @@ sends each complete chunk here:
   completes and opens with ArviZ. Between chunks the file is closed, so a run that dies
   leaves the draws of its complete chunks readable (the end's attrs missing). With
   ``checkpoint=`` as well, the checkpoint holds everything but the draws; resuming cuts
-  the file back to the draws it held at the checkpoint and goes on.
+  the file back to the draws it held at the checkpoint and goes on. A file already at
+  the path is replaced only once the run's first chunk is complete: until then the run
+  writes to ``PATH.incomplete`` (:data:`INCOMPLETE`), so a run that fails or is stopped
+  in its warmup leaves an earlier results file as it was.
 
 :data:`STREAM_BYTES` sets the chunk: as many iterations as fit in it, at least
 :data:`MIN_CHUNK`. Every chain waits for the others at each chunk's end.
@@ -29,12 +32,21 @@ import numpy as np
 from hmc.target import Target
 from hmc.to_arviz import netcdf_value, to_datatree
 
-__all__ = ["MIN_CHUNK", "STREAM_BYTES", "HostStore", "NetcdfStore", "chunk_iterations"]
+__all__ = [
+    "INCOMPLETE",
+    "MIN_CHUNK",
+    "STREAM_BYTES",
+    "HostStore",
+    "NetcdfStore",
+    "chunk_iterations",
+]
 
 #: the most a streaming recorder buffers per chunk, in bytes
 STREAM_BYTES = 64 * 2**20
 #: the fewest iterations in a chunk (every chain waits for the others at each chunk's end)
 MIN_CHUNK = 20
+#: the suffix of the name a store writes under until its first chunk is complete
+INCOMPLETE = ".incomplete"
 
 
 def chunk_iterations(chains: int, dim: int, itemsize: int) -> int:
@@ -77,9 +89,11 @@ class NetcdfStore:
     The draws and statistics of the kept iterations go to ``posterior`` and
     ``sample_stats`` (``warmup_posterior``, ``warmup_sample_stats`` for the warmup's, from
     ``offset = 0``), with the ``target``'s further groups; the ``draw`` dimension of each
-    grows with every chunk. An existing file is replaced, unless the run resumes from a
-    checkpoint (``resuming``, with the warmup iterations its early stop ``skipped``;
-    :meth:`restore` cuts the file back to the draws it held then).
+    grows with every chunk. An existing file is replaced once the first chunk is complete
+    (written under the name with :data:`INCOMPLETE` appended until then), unless the run
+    resumes from a checkpoint that follows a complete chunk (``resuming``, with the warmup
+    iterations its early stop ``skipped``; :meth:`restore` cuts the file back to the draws
+    it held then).
     """
 
     def __init__(
@@ -98,8 +112,10 @@ class NetcdfStore:
         self.dims, self.coords = target.dims_and_coords()
         self.groups: set[str] = set()  # those in the file
         self.skipped = skipped  # (resuming) the warmup iterations no chain ran
-        if not resuming and os.path.exists(self.path):
-            os.remove(self.path)
+        # where the chunks go: a name of their own until the first is complete
+        self.writing = self.path if resuming else self.path + INCOMPLETE
+        if os.path.exists(self.writing) and not resuming:
+            os.remove(self.writing)  # an earlier run's incomplete file
 
     def held(self) -> None:
         return None  # the file holds the draws
@@ -116,10 +132,13 @@ class NetcdfStore:
         if self.skipped is not None:
             ran = ran[(ran < self.skipped[0]) | (ran >= self.skipped[1])]
         sizes = {"warmup": ran.size if self.offset == 0 else 0, "": max(0, iteration - self.warmup)}
-        if not os.path.exists(self.path):
-            if any(sizes.values()):
-                raise ValueError(f"store={self.path!r} is missing: it held the draws so far")
+        if not any(sizes.values()):  # no chunk was complete: the file at the path is not ours
+            self.writing = self.path + INCOMPLETE
+            if os.path.exists(self.writing):
+                os.remove(self.writing)
             return {}
+        if not os.path.exists(self.path):
+            raise ValueError(f"store={self.path!r} is missing: it held the draws so far")
         sums: dict[str, np.ndarray] = {}
         with h5py.File(self.path, "a") as file:
             if "adaptation" in file:
@@ -150,6 +169,13 @@ class NetcdfStore:
             self._write(positions[:, :split], _columns(stats, 0, split), warmup=True)
         if split < positions.shape[1]:
             self._write(positions[:, split:], _columns(stats, split, None), warmup=False)
+        self._complete()
+
+    def _complete(self) -> None:
+        """The file written so far takes the path (replacing what was there), once."""
+        if self.writing != self.path:
+            os.replace(self.writing, self.path)
+            self.writing = self.path
 
     def _write(self, positions: np.ndarray, stats: dict[str, np.ndarray], warmup: bool) -> None:
         """Append a chunk's groups, made by the code that makes the in-memory DataTree."""
@@ -171,8 +197,8 @@ class NetcdfStore:
             dataset.attrs = {}
             has_draw = "draw" in dataset.dims
             dataset.to_netcdf(
-                self.path,
-                mode="a" if os.path.exists(self.path) else "w",
+                self.writing,
+                mode="a" if os.path.exists(self.writing) else "w",
                 group=name,
                 engine="h5netcdf",
                 unlimited_dims=["draw"] if has_draw else None,
@@ -181,7 +207,7 @@ class NetcdfStore:
         later = {name: ds for name, ds in datasets.items() if name not in new and "draw" in ds.dims}
         if not later:
             return
-        with h5netcdf_file(self.path) as file:
+        with h5netcdf_file(self.writing) as file:
             for name, dataset in later.items():
                 group = file[name]
                 start = group.dimensions["draw"].size
@@ -199,8 +225,12 @@ class NetcdfStore:
         import xarray
 
         adaptation.to_dataset().to_netcdf(
-            self.path, mode="a", group="adaptation", engine="h5netcdf"
+            self.writing,
+            mode="a" if os.path.exists(self.writing) else "w",
+            group="adaptation",
+            engine="h5netcdf",
         )
+        self._complete()
         clean = {key: netcdf_value(value) for key, value in attrs.items()}
         with h5netcdf_file(self.path) as file:
             for group in (file, *(file[g] for g in ("posterior", "sample_stats") if g in file)):

@@ -139,6 +139,28 @@ def test_interrupted_stored_run_keeps_the_draws_every_chain_completed(small_chun
     )
 
 
+def test_a_run_that_fails_in_warmup_leaves_an_earlier_results_file_as_it_was(tmp_path):
+    """The store replaces a file at its path only once its first chunk is complete: a
+    density that raises (a bug) in warmup, or a run stopped there, leaves it whole."""
+    path = tmp_path / "results.nc"
+    path.write_bytes(b"an earlier run's results")
+    calls = [0]
+
+    def log_prob(q):
+        calls[0] += 1
+        if calls[0] == 60:
+            raise TypeError("a bug in the model")
+        return standard_normal(q)
+
+    options = dict(dim=2, chains=2, warmup=50, draws=50, seed=1, progress=False, batched=True)
+    with pytest.raises(TypeError, match="a bug in the model"):
+        hmc.sample(log_prob, store=path, kernel=hmc.HMC(num_steps=1), compile=False, **options)
+    assert path.read_bytes() == b"an earlier run's results"
+    stored = hmc.sample(standard_normal, store=path, compile=False, **options)
+    assert stored["posterior"].sizes["draw"] == 50  # a run that completes replaces it
+    assert not (tmp_path / "results.nc.incomplete").exists()
+
+
 CHECKPOINTED = dict(dim=3, chains=3, warmup=50, draws=100, seed=5, batched=True, progress=False)
 CHECKPOINTED.update(save_warmup=True, checkpoint_every=20, compile=False)
 
