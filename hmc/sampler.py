@@ -61,7 +61,7 @@ from hmc.state import Params
 from hmc.step_size_search import find_reasonable_step_size
 from hmc.store import HostStore, NetcdfStore, chunk_iterations
 from hmc.target import Target
-from hmc.to_arviz import adaptation_group, run_attrs, to_datatree
+from hmc.to_arviz import adaptation_group, check_output, run_attrs, to_datatree
 from hmc.warm_start import adapted_parameters, read_adaptation
 
 __all__ = ["sample"]
@@ -304,6 +304,7 @@ def sample(
                 check_memory(metric, chains, dim, kept_iterations, dtype, device, store is not None)
             state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
             dim = state.position.shape[1]
+            check_output(target, state.position.numpy(force=True)[:, None])
             if adapted_from is None:
                 unit = torch.ones(chains, dim, dtype=dtype, device=device)
                 params = Params(

@@ -57,6 +57,28 @@ def to_datatree(
         )
 
 
+def check_output(target: Any, draws: np.ndarray) -> None:
+    """Build a run's output groups from ``draws`` ``(C, 1, D)`` (the initial points) as the
+    end of the run will, so that what would fail there fails before any work: ``derived``
+    or ``log_likelihood`` raising or returning something else than a dict of tensors, a
+    derived quantity named like a parameter, ``coords`` or ``dims`` that do not fit, a
+    name ArviZ cannot store. Raises ValueError naming a posterior variable that the
+    DataTree would lose: one named like a dimension (``chain``, ``draw``, another
+    variable's ``<name>_dim_<k>``, or a label used in ``dims``)."""
+    posterior = target.posterior(draws)
+    dims, coords = target.dims_and_coords()
+    tree = to_datatree(
+        posterior, {}, extra_groups=target.extra_groups(draws), dims=dims, coords=coords
+    )
+    lost = [name for name in posterior if name not in tree["posterior"].data_vars]
+    if lost:
+        raise ValueError(
+            f"posterior variable(s) {lost} would vanish from the DataTree: a variable may "
+            "not be named like a dimension ('chain', 'draw', another variable's "
+            "'<name>_dim_<k>', or a label used in dims); rename them"
+        )
+
+
 def netcdf_value(value: Any) -> Any:
     if isinstance(value, bool):
         return int(value)

@@ -327,3 +327,51 @@ def test_draws_streamed_to_a_file_do_not_count_against_memory():
 def test_a_half_precision_output_does_not_suggest_a_dtype_runs_cannot_use():
     with pytest.raises(TypeError, match=r"uses torch.float64$"):
         run(lambda q: (-(q**2).sum()).half())
+
+
+# ---------------------------------------------------------------------- the run's output
+def scalar_model(**kwargs) -> hmc.Model:
+    return hmc.Model(lambda p: -(p["a"] ** 2).sum(), {"a": hmc.Param(2)}, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("model", "error", "match"),
+    [
+        (
+            hmc.Model(
+                lambda p: -p["chain"] ** 2 - (p["draw"] ** 2).sum(),
+                {"chain": hmc.Param(), "draw": hmc.Param(2)},
+            ),
+            ValueError,
+            r"\['chain', 'draw'\] would vanish",
+        ),
+        (
+            hmc.Model(
+                lambda p: -(p["a"] ** 2).sum() - (p["a_dim_0"] ** 2).sum(),
+                {"a": hmc.Param(2), "a_dim_0": hmc.Param(2)},
+            ),
+            ValueError,
+            r"\['a_dim_0'\] would vanish",
+        ),
+        (scalar_model(derived=lambda p: {"a": p["a"]}), ValueError, "has a parameter's name"),
+        (scalar_model(derived=lambda p: 3), TypeError, "derived must return a dict"),
+        (scalar_model(derived=lambda p: {"b/c": p["a"]}), ValueError, "'/'"),
+        (scalar_model(derived=lambda p: {"b": p["a"][5]}), IndexError, "out of bounds"),
+        (scalar_model(coords={"k": ["x", "y", "z"]}, dims={"a": ["k"]}), ValueError, "k"),
+        (scalar_model(dims={"a": ["k", "l"]}), ValueError, "dims"),
+    ],
+)
+def test_the_output_is_built_from_the_initial_points_before_any_work(model, error, match):
+    """What would fail when the run's DataTree is built fails at the start, with the
+    error of the part at fault, after no more than the initial points' evaluations."""
+    calls = [0]
+    log_prob = model.log_prob
+
+    def counted(q):
+        calls[0] += 1
+        return log_prob(q)
+
+    model.log_prob = counted
+    with pytest.raises(error, match=match):
+        hmc.sample(model, chains=2, warmup=200, draws=200, seed=1, progress=False)
+    assert calls[0] < 10  # the checks of log_prob and the initial points only
