@@ -339,7 +339,7 @@ def scalar_model(**kwargs) -> hmc.Model:
     [
         (
             hmc.Model(
-                lambda p: -p["chain"] ** 2 - (p["draw"] ** 2).sum(),
+                lambda p: -(p["chain"] ** 2) - (p["draw"] ** 2).sum(),
                 {"chain": hmc.Param(), "draw": hmc.Param(2)},
             ),
             ValueError,
