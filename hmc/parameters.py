@@ -363,6 +363,36 @@ class Param:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _as_shape(self.shape))
+        _check_bounds(self.constraint)
+
+
+ARTICLED = {"lower_bound": "a lower bound", "upper_bound": "an upper bound"}
+
+
+def _check_bounds(constraint: Constraint) -> None:
+    """Raise naming an interval or bound that leaves no room: a lower bound not below the
+    upper one, or a bound that is not a finite number (use ``constraints.positive``,
+    ``greater_than`` or ``real`` for a half-line or the line)."""
+    bounds = {
+        name: getattr(constraint, name)
+        for name in ("lower_bound", "upper_bound")
+        if hasattr(constraint, name)
+    }
+    for name, bound in bounds.items():
+        values = torch.as_tensor(bound, dtype=torch.float64)
+        if not torch.isfinite(values).all():
+            raise ValueError(
+                f"constraint {constraint} has {ARTICLED[name]} that is not finite "
+                f"({bound}); for a half-line use constraints.greater_than or less_than, for "
+                "the whole line constraints.real"
+            )
+    if len(bounds) == 2:
+        lower, upper = (torch.as_tensor(b, dtype=torch.float64) for b in bounds.values())
+        if not (lower < upper).all():
+            raise ValueError(
+                f"constraint {constraint} is empty or a point: its lower bound "
+                f"{bounds['lower_bound']} must be below its upper bound {bounds['upper_bound']}"
+            )
 
 
 class UndeclaredParameterError(KeyError):
@@ -510,6 +540,13 @@ class Model:
             raise ValueError("log_prob is None, so every parameter must be a distribution")
         self.observed_data = {k: np.asarray(v) for k, v in (observed_data or {}).items()}
         self.dims = {k: list(v) for k, v in (dims or {}).items()}
+        for variable, labels in self.dims.items():
+            taken = sorted({"chain", "draw"} & set(labels))
+            if taken:
+                raise ValueError(
+                    f"dims of {variable!r} use {taken}: the DataTree's own dimensions; name "
+                    "the variable's dimensions otherwise"
+                )
         self.coords = {k: list(v) for k, v in (coords or {}).items()}
         self.unconstrained = bool(unconstrained)
         self.name = name

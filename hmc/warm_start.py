@@ -59,7 +59,22 @@ def _checkpoint_adaptation(path: str | os.PathLike) -> tuple[np.ndarray, np.ndar
 def _checked(step_size: np.ndarray, inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not (np.isfinite(step_size).all() and (step_size > 0).all()):
         raise ValueError("adapted_from has step sizes that are not positive and finite")
+    if not _positive_definite(inverse):
+        raise ValueError(
+            "adapted_from has an inverse metric that is not finite and positive (definite): "
+            "every transition would diverge"
+        )
     return step_size, inverse
+
+
+def _positive_definite(inverse: np.ndarray) -> bool:
+    """Whether every chain's inverse metric, diagonal ``(C, D)`` or dense ``(C, D, D)``,
+    is finite and positive (definite)."""
+    if not np.isfinite(inverse).all():
+        return False
+    if inverse.ndim == 2:
+        return bool((inverse > 0).all())
+    return bool((np.linalg.eigvalsh(0.5 * (inverse + np.swapaxes(inverse, -1, -2))) > 0).all())
 
 
 def adapted_parameters(

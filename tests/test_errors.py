@@ -375,3 +375,32 @@ def test_the_output_is_built_from_the_initial_points_before_any_work(model, erro
     with pytest.raises(error, match=match):
         hmc.sample(model, chains=2, warmup=200, draws=200, seed=1, progress=False)
     assert calls[0] < 10  # the checks of log_prob and the initial points only
+
+
+@pytest.mark.parametrize(
+    ("constraint", "match"),
+    [
+        (torch.distributions.constraints.interval(5.0, 1.0), "lower bound 5.0 must be below"),
+        (torch.distributions.constraints.interval(0.0, 0.0), "empty or a point"),
+        (torch.distributions.constraints.interval(0.0, math.inf), "an upper bound that is not"),
+        (torch.distributions.constraints.greater_than(-math.inf), "a lower bound that is not"),
+    ],
+)
+def test_a_support_that_leaves_no_room_is_refused_by_param(constraint, match):
+    with pytest.raises(ValueError, match=match):
+        hmc.Param(2, constraint)
+    hmc.Param(2, torch.distributions.constraints.interval(0.0, 1.0))  # room: accepted
+
+
+def test_dims_may_not_use_the_datatrees_own_dimensions():
+    with pytest.raises(ValueError, match=r"dims of 'a' use \['draw'\]"):
+        hmc.Model(lambda p: -(p["a"] ** 2).sum(), {"a": hmc.Param(2)}, dims={"a": ["draw"]})
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan])
+def test_adapted_from_with_an_inverse_metric_that_is_not_positive_is_refused(bad):
+    """Every transition under it would diverge: refused before sampling."""
+    previous = run(warmup=30, draws=5)
+    previous["adaptation"]["inverse_metric"].values[1, 0] = bad
+    with pytest.raises(ValueError, match="inverse metric that is not finite and positive"):
+        run(warmup=0, adapted_from=previous)
