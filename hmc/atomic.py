@@ -11,11 +11,21 @@ __all__ = ["check_writable_file", "write_atomically"]
 
 
 def check_writable_file(path: str | os.PathLike, name: str) -> None:
-    """Raise naming the argument ``name`` unless ``path`` can be written as a file: not a
-    folder, in an existing folder this process may write to."""
+    """Raise naming the argument ``name`` unless ``path`` can be written as a file: a
+    non-empty name, not a folder, in an existing folder where a file can be created (tried:
+    permission bits do not tell, for root or on a read-only file system)."""
+    message = f"{name}={str(path)!r} must name a file in an existing, writable folder"
+    if not os.fspath(path) or os.path.isdir(path):
+        raise ValueError(message)
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise ValueError(f"{name}={str(path)!r} must name a file in an existing, writable folder")
+    if not os.path.isdir(folder):
+        raise ValueError(message)
+    try:
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".hmc-write-check-")
+    except OSError as error:
+        raise ValueError(f"{message} ({error.strerror})") from None
+    os.close(handle)
+    os.remove(probe)
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[str], Any]) -> None:

@@ -125,6 +125,15 @@ def validate(**kw: Any) -> Settings:
         raise ValueError(f"dim must be a positive integer, got {kw['dim']!r}")
     _check_checkpoint(kw["checkpoint"], kw["checkpoint_every"])
     _check_store(kw["store"])
+    if (
+        kw["store"] is not None
+        and kw["checkpoint"] is not None
+        and os.path.abspath(kw["store"]) == os.path.abspath(kw["checkpoint"])
+    ):
+        raise ValueError(
+            f"store and checkpoint name the same file ({os.fspath(kw['store'])!r}): the "
+            "checkpoint would overwrite the draws; give them different paths"
+        )
     for name in ("save_warmup", "batched"):
         if not isinstance(kw[name], bool | np.bool_):
             raise TypeError(f"{name} must be True or False, got {kw[name]!r}")

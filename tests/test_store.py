@@ -232,6 +232,19 @@ def test_store_argument_errors(tmp_path):
         hmc.sample(standard_normal, store=3, **run)
     with pytest.raises(ValueError, match="store="):
         hmc.sample(standard_normal, store=tmp_path / "missing" / "x.nc", **run)
+    with pytest.raises(ValueError, match="store=''"):
+        hmc.sample(standard_normal, store="", **run)
+    with pytest.raises(ValueError, match="store and checkpoint name the same file"):
+        hmc.sample(standard_normal, store=tmp_path / "a", checkpoint=str(tmp_path / "a"), **run)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs a folder no one can write")
+def test_a_folder_where_no_file_can_be_created_is_refused_before_sampling():
+    """Tried, not read from the permission bits (which root, for one, ignores)."""
+    run = dict(dim=2, chains=1, warmup=5, draws=5, progress=False)
+    for name in ("store", "checkpoint"):
+        with pytest.raises(ValueError, match=f"{name}='/proc/run.nc' must name a file"):
+            hmc.sample(standard_normal, **{name: "/proc/run.nc"}, **run)
 
 
 def test_streaming_recorder_sends_host_memory_the_same_draws():
