@@ -131,11 +131,23 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     except Exception as error:  # truncated, corrupted, or a pickle of other objects
         raise ValueError(
             f"checkpoint {str(path)!r} cannot be read ({type(error).__name__}: "
-            f"{str(error).splitlines()[0][:200]}); it is truncated, corrupted or not an hmc "
-            "checkpoint"
+            f"{(str(error).splitlines() or [''])[0][:200]}); it is truncated, corrupted or "
+            "not an hmc checkpoint"
         ) from None
     if not isinstance(payload, dict) or tuple(payload.get("format", ())) not in READABLE:
         raise ValueError(f"{str(path)!r} is not an hmc checkpoint (format {FORMAT})")
+    try:
+        return _rebuilt(payload)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"checkpoint {str(path)!r} is incomplete or damaged ({type(error).__name__}: "
+            f"{error}): it has the marker of an hmc checkpoint but not its contents"
+        ) from None
+
+
+def _rebuilt(payload: dict[str, Any]) -> dict[str, Any]:
+    """A read checkpoint's payload with its records rebuilt; raises KeyError or
+    TypeError where a part is missing or malformed."""
     payload["state"] = State(*payload["state"])
     adaptation = payload["adaptation"]
     if adaptation is not None and "kind" in adaptation:

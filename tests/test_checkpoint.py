@@ -223,10 +223,16 @@ def test_bad_files_are_named(tmp_path):
     torch.save({"weights": torch.ones(2)}, foreign)
     pickled = tmp_path / "pickled.ckpt"
     torch.save({"format": ["hmc-checkpoint", 1], "object": warnings.WarningMessage}, pickled)
+    empty = tmp_path / "empty.ckpt"
+    empty.write_bytes(b"")
+    hollow = tmp_path / "hollow.ckpt"  # the marker, none of the contents
+    torch.save({"format": list(torch.load(good, weights_only=True)["format"])}, hollow)
     for path, match in (
         (truncated, "cannot be read"),
         (foreign, "is not an hmc checkpoint"),
         (pickled, "cannot be read"),  # weights_only: no arbitrary object is unpickled
+        (empty, "cannot be read"),
+        (hollow, "incomplete or damaged"),
     ):
         with pytest.raises(ValueError, match=match) as info:
             hmc.resume(path, log_prob)
