@@ -95,7 +95,8 @@ class CompiledEnergy:
         :meth:`compile` tells the two apart)."""
         rows = q.shape[0]
         self.width = width = max(self.width, rows)
-        x = q if rows == width else torch.cat((q, q[:1].expand(width - rows, -1)))
+        # a copy either way: log_prob never gets the caller's memory (hmc.potential)
+        x = q.clone() if rows == width else torch.cat((q, q[:1].expand(width - rows, -1)))
         if width == self._compiled_width:
             before = compiled_graphs()
             U, grad = self._function(x)

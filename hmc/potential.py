@@ -9,6 +9,10 @@ with ``torch.func.vmap`` (called directly when there is a single chain, which is
 and falls back to a loop over rows, with one warning, when vmap cannot run it. Users who
 can write ``(C, D) -> (C,)`` themselves pass ``batched=True``.
 
+``log_prob`` always receives a copy of the positions, never the sampler's own memory: a
+density that writes into its input where autograd cannot see it (under ``torch.no_grad``)
+changes its own copy only, not the chains' positions.
+
 Numerical trouble never escapes as NaN: a row whose value or gradient is not finite gets
 ``U = +inf`` and a zero gradient, which the kernels turn into a rejection or a divergence.
 A log density that raises in the middle of a run (a failed Cholesky, say) is evaluated row
@@ -277,7 +281,7 @@ class Potential:
         The contract is the same (one run of ``log_prob``, one ``autograd.grad``, counted;
         ``U = +inf`` and a zero gradient where not finite or where ``log_prob`` raises).
         A batched density, or a single row of an unbatched one, takes the shortest path
-        there is when uncached: the positions become a leaf without a copy, ``log_p``
+        there is when uncached: the positions become a leaf (a copy), ``log_p``
         itself is differentiated (its sum, when batched) and both are negated and checked
         in NumPy, so no tensor operation runs beyond the user's function and its backward
         pass.
@@ -289,7 +293,7 @@ class Potential:
             with distribution_validation_off():
                 return self._value_and_grad_arrays(q)
         try:
-            x = torch.from_numpy(q if self.batched else q[0]).requires_grad_(True)
+            x = torch.tensor(q if self.batched else q[0]).requires_grad_(True)  # a copy
             log_p = self.log_prob(x)
             (grad,) = torch.autograd.grad(log_p.sum() if self.batched else log_p, x)
         except (RuntimeError, ValueError, ArithmeticError) as error:
@@ -442,7 +446,7 @@ class Potential:
 
     def explain(self, q: torch.Tensor) -> str:
         """Why the energy at one position ``(D,)`` is not finite, in words."""
-        x = q.detach().unsqueeze(0).requires_grad_(True)
+        x = q.detach().clone().unsqueeze(0).requires_grad_(True)
         try:
             with distribution_validation_off():
                 lp = self._log_prob_batch(x)
@@ -531,11 +535,11 @@ class Potential:
         what ``log_prob`` raises. A single unbatched row is differentiated as a ``(D,)``
         leaf, which keeps the graph as small as the user's own function."""
         if q.shape[0] == 1 and not self.batched:
-            x = q[0].detach().requires_grad_(True)
+            x = q[0].detach().clone().requires_grad_(True)
             log_p = self.log_prob(x)
             (grad,) = torch.autograd.grad(log_p, x)
             return log_p.detach().neg().unsqueeze(0), grad.neg().unsqueeze(0)
-        x = q.detach().requires_grad_(True)
+        x = q.detach().clone().requires_grad_(True)
         log_p = self._log_prob_batch(x)
         (grad,) = torch.autograd.grad(log_p.sum(), x)
         return log_p.detach().neg(), grad.neg()

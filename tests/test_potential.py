@@ -338,3 +338,24 @@ def test_constructor_rejects_bad_arguments():
         hmc.Potential(smooth, cache="yes")
     assert isinstance(hmc.Potential(smooth, cache=True).cache, hmc.MemoCache)
     assert hmc.Potential(smooth, cache=False).cache is None
+
+
+def clamping(q: torch.Tensor) -> torch.Tensor:
+    """A density that writes into its input where autograd cannot see it."""
+    with torch.no_grad():
+        q.clamp_(-0.5, 0.5)
+    return -0.5 * (q**2).sum(-1)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("kind", ["tensor", "numpy", "one row"])
+def test_log_prob_never_writes_into_the_callers_positions(batched, kind):
+    """The positions are the chains' state: log_prob gets a copy of them."""
+    q = torch.linspace(-2.0, 2.0, 6, dtype=torch.float64).reshape(3, 2)
+    if kind == "one row":
+        q = q[:1]
+    before = q.clone()
+    positions = q.numpy() if kind == "numpy" else q
+    U, _ = hmc.Potential(clamping, batched=batched, compile=False).value_and_grad(positions)
+    torch.testing.assert_close(q, before, rtol=0, atol=0)
+    assert np.isfinite(np.asarray(U)).all()
