@@ -12,19 +12,27 @@ stops at once too. Chains run asynchronously, so at an interrupt
 some have completed more draws than others: the DataTree keeps the number every chain
 has (an array of draws has one length), and the warning counts the later draws of
 faster chains that this leaves out.
+
+``SIGTERM`` is a request to stop the process (a scheduler's, ``timeout``'s): a run it
+interrupts ends as above, and then the signal is delivered again to the handler there was
+before the run (by default, the process ends) once what the run computed is safe: at
+once where it was written to a checkpoint or a store, and otherwise when ``hmc.sample``
+is called next, so a script gets its draws back but does not go on into another run
+(:func:`after_run`, :func:`stop_if_terminated`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
-__all__ = ["interrupt_requests", "kept_draws"]
+__all__ = ["after_run", "interrupt_requests", "kept_draws", "stop_if_terminated"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -42,6 +50,8 @@ def interrupt_requests() -> Iterator[Callable[[], bool]]:
     received: list[int] = []
 
     def record(signum: int, frame: object) -> None:
+        if signum == signal.SIGTERM:
+            _TERMINATION["received"] = True
         if received:
             raise KeyboardInterrupt(signal.Signals(signum).name)
         received.append(signum)
@@ -81,3 +91,38 @@ def kept_draws(completed: np.ndarray, warmup: int, draws: int) -> int:
         stacklevel=3,
     )
     return kept
+
+
+#: whether a SIGTERM came during a run and has not been delivered again yet
+_TERMINATION = {"received": False}
+
+
+def stop_if_terminated() -> None:
+    """At the start of a run: deliver a SIGTERM that came during an earlier run whose
+    draws were returned (see the module docstring)."""
+    if _TERMINATION["received"]:
+        _terminate("a SIGTERM came during the previous run")
+
+
+def after_run(saved: bool) -> None:
+    """Once a run's results are in hand: where a SIGTERM came during it, deliver it now if
+    the results are ``saved`` on disk (a checkpoint, a store), else warn that the draws
+    are returned and the process stops at the next run."""
+    if not _TERMINATION["received"]:
+        return
+    if saved:
+        _terminate("SIGTERM; the run is saved")
+    warnings.warn(
+        "the run was stopped by SIGTERM: its draws are returned and the process stops at "
+        "the next hmc.sample call (pass checkpoint= or store= to keep them on disk and "
+        "stop at once)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _terminate(why: str) -> None:
+    """Deliver SIGTERM to this process's handler (by default the process ends)."""
+    _TERMINATION["received"] = False
+    print(f"hmc: stopping the process ({why})", file=sys.stderr, flush=True)
+    signal.raise_signal(signal.SIGTERM)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hmc import interrupts
 from hmc._torch_compat import distribution_validation_off
 from hmc.adapt.ensemble import EnsembleWarmup, ensemble_schedule
 from hmc.adapt.schedule import build_schedule
@@ -205,6 +206,7 @@ def sample(
     >>> dict(dt["posterior"].sizes)
     {'chain': 2, 'draw': 200, 'x_dim_0': 2}
     """
+    interrupts.stop_if_terminated()  # a SIGTERM during an earlier run whose draws came back
     settings = validate(
         chains=chains,
         warmup=warmup,
@@ -375,6 +377,7 @@ def sample(
         if display is not None:
             display.close()
     recorder.flush(int(completed.min()))  # what every chain completed, when interrupted
+    interrupts.after_run(saved=checkpoint_file is not None or store is not None)
     finished = time.perf_counter()
     if completed.min() < warmup + draws and checkpoint_file and os.path.exists(checkpoint_file):
         warnings.warn(

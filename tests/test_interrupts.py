@@ -117,7 +117,7 @@ def test_interrupt_during_warmup_raises_saying_no_draws_exist():
 
 CHECKPOINTING_CHILD = textwrap.dedent(
     """
-    import json, sys, warnings
+    import json, sys, time, warnings
     import hmc
 
     ticks = [0]
@@ -126,6 +126,7 @@ CHECKPOINTING_CHILD = textwrap.dedent(
         ticks[0] += 1
         if ticks[0] == 50:
             print("running", flush=True)
+        time.sleep(0.001)  # a run that lasts well beyond the signal, on a fast machine too
         return (-0.5 * q**2).sum(-1)
 
     warnings.simplefilter("ignore")
@@ -184,3 +185,59 @@ def test_interrupt_with_a_checkpoint_writes_one_where_the_chains_stand(tmp_path)
             np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12, err_msg=name)
         else:  # tree depths, steps, divergences
             np.testing.assert_array_equal(got, expected, err_msg=name)
+
+
+TERMINATED_CHILD = textwrap.dedent(
+    """
+    import sys, warnings
+    import hmc
+
+    ticks = [0]
+
+    def log_prob(q):
+        ticks[0] += 1
+        if ticks[0] == 50:
+            print("running", flush=True)
+        return (-0.5 * q**2).sum(-1)
+
+    warnings.simplefilter("ignore")
+    options = dict(dim=3, chains=3, warmup=0, draws=10**6, step_size=0.6, seed=5,
+                   batched=True, progress=False, compile=False)
+    if sys.argv[1]:
+        options["checkpoint"] = sys.argv[1]
+    dt = hmc.sample(log_prob, **options)
+    print("returned", dt["posterior"].sizes["draw"], flush=True)
+    hmc.sample(log_prob, dim=3, chains=3, warmup=10, draws=10, progress=False, compile=False)
+    print("second run done", flush=True)
+    """
+)
+
+
+@pytest.mark.slow  # two runs signalled in subprocesses: 10 s
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["in memory", "checkpointed"])
+def test_sigterm_stops_the_process_once_the_draws_are_safe(checkpointed, tmp_path):
+    """A scheduler's SIGTERM: a run with a checkpoint writes it and the process ends at
+    once; a run whose draws are in memory returns them, and the process ends at the next
+    hmc.sample call instead of running on into it."""
+    path = str(tmp_path / "run.ckpt") if checkpointed else ""
+    child = subprocess.Popen(
+        [sys.executable, "-c", TERMINATED_CHILD, path],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline().strip() == "running", child.stderr.read()
+        time.sleep(1.0)
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGTERM, (out, err)
+    assert "second run done" not in out
+    assert "hmc: stopping the process" in err
+    if checkpointed:
+        assert "returned" not in out and os.path.getsize(path) > 0
+    else:
+        assert out.splitlines()[-1].startswith("returned ")
