@@ -377,6 +377,15 @@ class Potential:
             stacklevel=4,
         )
 
+    def evaluate_uncounted(self, q: torch.Tensor) -> None:
+        """One eager evaluation at ``q`` ``(C, D)`` that no counter sees (for timing: see
+        :mod:`hmc.threads`); where ``log_prob`` raises there, nothing happens."""
+        try:
+            with distribution_validation_off():
+                self._eager_energy(q)
+        except (RuntimeError, ValueError, ArithmeticError):
+            pass
+
     def check(self, q: torch.Tensor) -> bool:
         """Run ``log_prob`` on ``q`` ``(C, D)`` and raise a clear error if its output has
         the wrong type, shape, dtype or device, or no gradient path to the input.

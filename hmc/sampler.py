@@ -62,6 +62,7 @@ from hmc.state import Params
 from hmc.step_size_search import find_reasonable_step_size
 from hmc.store import HostStore, NetcdfStore, chunk_iterations
 from hmc.target import Target
+from hmc.threads import run_threads
 from hmc.to_arviz import adaptation_group, check_output, run_attrs, to_datatree
 from hmc.warm_start import adapted_parameters, read_adaptation
 
@@ -348,11 +349,14 @@ def sample(
         # Once for the run, not per evaluation: distribution argument checks off, and no NumPy
         # warnings when the arithmetic overflows on a divergent trajectory (an infinite energy
         # there is a rejection or a divergence). Ctrl-C or SIGTERM ends the loop, keeping the
-        # draws so far (hmc.interrupts).
+        # draws so far (hmc.interrupts). One intra-op thread unless more are measured to
+        # shorten the wall time (hmc.threads).
+        positions = torch.as_tensor(state.position)
         with (
             distribution_validation_off(),
             np.errstate(over="ignore", invalid="ignore"),
             interrupt_requests() as interrupted,
+            run_threads(lambda: potential.evaluate_uncounted(positions)) as threads,
         ):
             if vote is not None:  # ranks that meet during the run stop together
                 vote.requested, interrupted = interrupted, vote
@@ -407,6 +411,7 @@ def sample(
         compile_time=potential.compile_seconds,
         compile_note=potential.compile_note,
         compile_decision=potential.compile_decision,
+        threads=threads,
         interrupted=kept_count < draws,
         adapt=settings.adapt,
         restarted_chains=_restarted(adaptation),

@@ -108,6 +108,7 @@ def run_attrs(
     compile_time: float,
     compile_note: str | None,
     compile_decision: str | None = None,
+    threads: str = "",
     interrupted: bool = False,
     adapt: str = "stan",
     restarted_chains: np.ndarray | None = None,
@@ -135,6 +136,7 @@ def run_attrs(
         "compile_time": compile_time,
         "compile_note": compile_note or "",
         "compile_decision": compile_decision or "",
+        "threads": threads,
         "interrupted": interrupted,
         "adapt": adapt,
         "restarted_chains": np.zeros(0, dtype=np.int64)
