@@ -328,6 +328,7 @@ def sample(
             started = tuning_started = started - saved["seconds"]
             state, params, adaptation, resume = _restored(saved, dtype, device)
             dim = state.position.shape[1]
+            _check_same_density(checkpoint_file, target, potential, state)
             potential.evaluations = saved["evaluations"]
         if settings.engine == "numpy":  # the same records as NumPy arrays sharing their memory
             state, adaptation = as_arrays(state), as_arrays(adaptation)
@@ -620,6 +621,28 @@ def _check_same_run(path: Any, saved: dict[str, Any], current: dict[str, Any]) -
         raise ValueError(
             f"checkpoint {str(path)!r} belongs to another run ({details}); remove it or "
             "pass the settings it was written with (hmc.resume reads them from it)"
+        )
+
+
+def _check_same_density(path: Any, target: Target, potential: Potential, state: Any) -> None:
+    """Raise unless the checkpoint at ``path``, whose chains stand at ``state``, was
+    written for this density: the same dimension where the target knows its own, and the
+    same potential at the saved positions (to 1e-8 relative: compiled and eager
+    evaluations differ by rounding only)."""
+    dim = state.position.shape[1]
+    if target.dim is not None and target.dim != dim:
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written for dimension {dim}, this run's density "
+            f"has {target.dim}; remove it or resume with the density it was written for"
+        )
+    U, _ = potential.value_and_grad(state.position)
+    saved, now = state.potential.numpy(force=True), np.asarray(torch.as_tensor(U).cpu())
+    if not np.allclose(now, saved, rtol=1e-8, atol=1e-8 * max(1.0, float(np.abs(saved).max()))):
+        worst = int(np.argmax(np.abs(now - saved)))
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written for another log_prob: at chain {worst}'s "
+            f"saved position it gives potential {now[worst]!r}, the checkpoint "
+            f"{saved[worst]!r}; remove it or resume with the density it was written for"
         )
 
 

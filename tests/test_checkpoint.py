@@ -251,3 +251,23 @@ def test_bad_files_are_named(tmp_path):
 def test_checkpoint_arguments_are_checked(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         hmc.sample(log_prob, **SETTINGS, **kwargs)
+
+
+def test_a_checkpoint_is_refused_for_another_density_or_dimension(tmp_path):
+    """The potential at the saved positions and the dimension are checked against the
+    call: a checkpoint of another density would mix two posteriors' draws."""
+    path = tmp_path / "run.ckpt"
+    options = dict(chains=2, warmup=20, draws=20, seed=1, progress=False, compile=False)
+
+    def four(q):
+        return -0.5 * (q**2).sum()
+
+    def wider(q):
+        return -0.5 * (q**2).sum() / 4.0
+
+    hmc.sample(four, dim=4, checkpoint=path, **options)
+    with pytest.raises(ValueError, match="written for dimension 4, this run's density has 3"):
+        hmc.sample(four, dim=3, checkpoint=path, **options)
+    with pytest.raises(ValueError, match="written for another log_prob"):
+        hmc.resume(path, wider)
+    assert hmc.resume(path, four)["posterior"].sizes["x_dim_0"] == 4  # its own: accepted
