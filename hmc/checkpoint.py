@@ -22,7 +22,10 @@ wait changes no draw). A checkpoint holds, as plain tensors, numbers and strings
 A checkpoint is written to a temporary file beside ``PATH``, flushed to disk and renamed,
 so a run killed while writing leaves the previous checkpoint whole. It is read with
 ``torch.load(weights_only=True)``, which unpickles no arbitrary object; a file that is
-truncated, corrupted or not a checkpoint gives an error naming it.
+truncated, corrupted or not a checkpoint gives an error naming it. The payload is stored
+as the bytes of its own ``torch.save`` with their SHA-256 (:data:`FORMAT`): torch's zip
+reader checks no checksum, so without it a few flipped bytes could resume to wrong draws.
+Files of the earlier layouts (:data:`LAYOUTS`, no checksum) still read.
 
 Running ``hmc.sample`` again with the same arguments and ``checkpoint=PATH`` continues
 from ``PATH`` when it exists (``hmc.resume(PATH, log_prob)`` does the same, taking the
@@ -36,6 +39,8 @@ differ from a run without checkpoints in the last bits, and then further.)
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import typing
 from typing import Any, NamedTuple
@@ -50,12 +55,23 @@ from hmc.adapt.welford import WelfordState
 from hmc.atomic import write_atomically
 from hmc.state import State
 
-__all__ = ["FORMAT", "Snapshot", "read_checkpoint", "write_checkpoint"]
+__all__ = [
+    "FORMAT",
+    "LAYOUT",
+    "LAYOUTS",
+    "Snapshot",
+    "raw_payload",
+    "read_checkpoint",
+    "write_checkpoint",
+]
 
 #: the mark of a checkpoint file, and its layout's version (version 1, written before the
 #: pooled warmup could be saved, held Stan's warmup state as lists; it is still read)
-FORMAT = ("hmc-checkpoint", 2)
-READABLE = (("hmc-checkpoint", 1), FORMAT)
+#: the file: the payload's bytes and their SHA-256
+FORMAT = ("hmc-checkpoint", 3)
+#: the layout of the payload written now, and those of earlier files (payload alone)
+LAYOUT = ("hmc-checkpoint", 2)
+LAYOUTS = (("hmc-checkpoint", 1), LAYOUT)
 #: the adaptation states a checkpoint can hold, by name
 ADAPTATIONS = {cls.__name__: cls for cls in (WarmupState, EnsembleState)}
 
@@ -97,7 +113,7 @@ def write_checkpoint(path: str | os.PathLike, snapshot: Snapshot, extra: dict[st
     tensor = _tensor
     adaptation = snapshot.adaptation
     payload = {
-        "format": list(FORMAT),
+        "format": list(LAYOUT),
         **extra,
         "iteration": snapshot.iteration,
         "state": [tensor(x) for x in snapshot.state],
@@ -118,14 +134,50 @@ def write_checkpoint(path: str | os.PathLike, snapshot: Snapshot, extra: dict[st
         "slots": float(snapshot.slots),
         "seconds": float(snapshot.seconds),
     }
-    write_atomically(path, lambda temporary: torch.save(payload, temporary))
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    sealed = {
+        "format": list(FORMAT),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "payload": torch.frombuffer(bytearray(data), dtype=torch.uint8),
+    }
+    write_atomically(path, lambda temporary: torch.save(sealed, temporary))
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """The payload of the checkpoint at ``path``, its records rebuilt (tensors on the
-    CPU); raises ``ValueError`` naming ``path`` when it is not a whole checkpoint."""
+def raw_payload(path: str | os.PathLike) -> dict[str, Any]:
+    """The payload of the checkpoint at ``path`` as written (plain values and tensors),
+    its checksum verified; raises ``ValueError`` naming ``path`` when it cannot be read,
+    fails its checksum or is not an hmc checkpoint."""
+    contents = _load(path, path)
+    if not isinstance(contents, dict) or tuple(contents.get("format", ())) not in (
+        FORMAT,
+        *LAYOUTS,
+    ):
+        raise ValueError(f"{str(path)!r} is not an hmc checkpoint (format {FORMAT})")
+    if tuple(contents["format"]) != FORMAT:  # an earlier layout, without checksum
+        return contents
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        data = contents["payload"].numpy().tobytes()
+        digest = contents["sha256"]
+    except (KeyError, AttributeError) as error:
+        raise ValueError(
+            f"checkpoint {str(path)!r} is incomplete or damaged ({type(error).__name__}: "
+            f"{error}): it has the marker of an hmc checkpoint but not its contents"
+        ) from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ValueError(
+            f"checkpoint {str(path)!r} is corrupted: its contents do not match their "
+            "checksum; resume from another copy or start the run afresh"
+        )
+    return _load(io.BytesIO(data), path)
+
+
+def _load(source: Any, path: str | os.PathLike) -> Any:
+    """``torch.load`` of ``source`` (the file at ``path``, or its payload's bytes), with
+    no arbitrary object unpickled; raises ``ValueError`` naming ``path``."""
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
     except Exception as error:  # truncated, corrupted, or a pickle of other objects
@@ -134,7 +186,13 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             f"{(str(error).splitlines() or [''])[0][:200]}); it is truncated, corrupted or "
             "not an hmc checkpoint"
         ) from None
-    if not isinstance(payload, dict) or tuple(payload.get("format", ())) not in READABLE:
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The payload of the checkpoint at ``path``, its records rebuilt (tensors on the
+    CPU); raises ``ValueError`` naming ``path`` when it is not a whole checkpoint."""
+    payload = raw_payload(path)
+    if not isinstance(payload, dict) or tuple(payload.get("format", ())) not in LAYOUTS:
         raise ValueError(f"{str(path)!r} is not an hmc checkpoint (format {FORMAT})")
     try:
         return _rebuilt(payload)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hmc
-from hmc.checkpoint import read_checkpoint
+from hmc.checkpoint import FORMAT, raw_payload, read_checkpoint
 
 SETTINGS = dict(dim=3, chains=3, warmup=150, draws=150, seed=5, batched=True, progress=False)
 
@@ -65,7 +65,7 @@ CHILD = textwrap.dedent(
         writes, save = [0], torch.save
 
         def dying_save(payload, target):
-            writes[0] += 1
+            writes[0] += isinstance(target, str)  # a file (not the payload's own bytes)
             if writes[0] == die_at_write:
                 with open(target, "wb") as file:
                     file.write(b"half a checkpoint")
@@ -166,7 +166,7 @@ def test_a_checkpoint_of_the_first_layout_still_reads(tmp_path):
     path = tmp_path / "run.ckpt"
     settings = dict(SETTINGS, warmup=40, draws=20)
     whole = hmc.sample(log_prob, checkpoint=path, checkpoint_every=20, **settings)
-    payload = torch.load(path, weights_only=True)
+    payload = raw_payload(path)
     adaptation = payload["adaptation"]["fields"]
     payload["adaptation"] = {
         "dual_averaging": list(adaptation["dual_averaging"].values()),
@@ -226,7 +226,7 @@ def test_bad_files_are_named(tmp_path):
     empty = tmp_path / "empty.ckpt"
     empty.write_bytes(b"")
     hollow = tmp_path / "hollow.ckpt"  # the marker, none of the contents
-    torch.save({"format": list(torch.load(good, weights_only=True)["format"])}, hollow)
+    torch.save({"format": list(FORMAT)}, hollow)
     for path, match in (
         (truncated, "cannot be read"),
         (foreign, "is not an hmc checkpoint"),
@@ -271,3 +271,21 @@ def test_a_checkpoint_is_refused_for_another_density_or_dimension(tmp_path):
     with pytest.raises(ValueError, match="written for another log_prob"):
         hmc.resume(path, wider)
     assert hmc.resume(path, four)["posterior"].sizes["x_dim_0"] == 4  # its own: accepted
+
+
+def test_a_checkpoint_with_flipped_bytes_is_refused(tmp_path):
+    """torch's zip reader checks no checksum: the checkpoint's own SHA-256 does. Every
+    copy with a few bytes flipped is refused, naming the file, none resumes."""
+    good = tmp_path / "good.ckpt"
+    hmc.sample(log_prob, checkpoint=good, **{**SETTINGS, "warmup": 20, "draws": 20})
+    data = bytearray(good.read_bytes())
+    generator = np.random.default_rng(0)
+    for copy in range(20):
+        damaged = bytearray(data)
+        for at in generator.integers(0, len(data), size=4):
+            damaged[at] ^= 0xFF
+        path = tmp_path / f"damaged{copy}.ckpt"
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(ValueError, match=r"corrupted|cannot be read|incomplete") as info:
+            hmc.resume(path, log_prob)
+        assert str(path) in str(info.value)
