@@ -338,8 +338,9 @@ def sample(
             )
             adapter = dataclasses.replace(adapter, schedule=as_arrays(adapter.schedule))
         recorder = _recorder(
-            store, target, chains, warmup, draws, dim, save_warmup, state.position, device, resume
-        )
+            store, target, chains, warmup, draws, dim, save_warmup, state.position, device, resume,
+            json.dumps({**identity, "dim": dim}, sort_keys=True, default=str),
+        )  # fmt: skip
         if resume is not None:
             recorder.restore(resume.positions, resume.stats, resume.divergences, resume.iteration)
         save = None
@@ -518,10 +519,12 @@ def _recorder(
     like: torch.Tensor | np.ndarray,
     device: torch.device,
     resume: Snapshot | None = None,
+    run: str = "",
 ) -> Recorder:
-    """The run's recorder: streaming to the file ``store``, streaming to host memory from
-    a device other than the CPU, else holding the whole run (:mod:`hmc.store`); going on
-    from the checkpoint's snapshot ``resume`` when there is one."""
+    """The run's recorder: streaming to the file ``store`` (which keeps the run's identity
+    ``run``), streaming to host memory from a device other than the CPU, else holding the
+    whole run (:mod:`hmc.store`); going on from the checkpoint's snapshot ``resume`` when
+    there is one."""
     sizes = (chains, warmup, draws, dim, save_warmup, like)
     if store is None and device.type == "cpu":
         return Recorder(*sizes)
@@ -531,7 +534,7 @@ def _recorder(
         sink = HostStore(chains, warmup + draws - offset, dim, dtype)
     else:
         skipped = None if resume is None else resume.skipped
-        sink = NetcdfStore(store, target, warmup, offset, resume is not None, skipped)
+        sink = NetcdfStore(store, target, warmup, offset, resume is not None, skipped, run)
     chunk = chunk_iterations(chains, dim, like.dtype.itemsize)
     return Recorder(*sizes, store=sink, chunk=chunk)
 

@@ -47,6 +47,8 @@ STREAM_BYTES = 64 * 2**20
 MIN_CHUNK = 20
 #: the suffix of the name a store writes under until its first chunk is complete
 INCOMPLETE = ".incomplete"
+#: the root attribute of a store's file that holds its run's identity
+RUN = "hmc_run"
 
 
 def chunk_iterations(chains: int, dim: int, itemsize: int) -> int:
@@ -93,7 +95,8 @@ class NetcdfStore:
     (written under the name with :data:`INCOMPLETE` appended until then), unless the run
     resumes from a checkpoint that follows a complete chunk (``resuming``, with the warmup
     iterations its early stop ``skipped``; :meth:`restore` cuts the file back to the draws
-    it held then).
+    it held then). The file keeps the run's identity ``run`` (its settings and seed) in
+    the root attribute :data:`RUN`, and a resume refuses a file with another.
     """
 
     def __init__(
@@ -104,8 +107,10 @@ class NetcdfStore:
         offset: int,
         resuming: bool = False,
         skipped: tuple[int, int] | None = None,
+        run: str = "",
     ) -> None:
         self.path = os.fspath(path)
+        self.run = run  # the run's identity, kept in the file's RUN attribute
         self.target = target
         self.warmup = warmup
         self.offset = offset
@@ -139,6 +144,14 @@ class NetcdfStore:
             return {}
         if not os.path.exists(self.path):
             raise ValueError(f"store={self.path!r} is missing: it held the draws so far")
+        with h5py.File(self.path, "r") as file:
+            found = file.attrs.get(RUN)
+        found = found.decode() if isinstance(found, bytes) else found
+        if found != self.run:
+            raise ValueError(
+                f"store={self.path!r} holds another run's draws (not those of the run its "
+                "checkpoint continues): move it away, or resume with the file this run wrote"
+            )
         sums: dict[str, np.ndarray] = {}
         with h5py.File(self.path, "a") as file:
             if "adaptation" in file:
@@ -193,6 +206,7 @@ class NetcdfStore:
             (prefix + node.name): node.to_dataset(inherit=False) for node in tree.children.values()
         }
         new = {name: ds for name, ds in datasets.items() if name not in self.groups}
+        first = not self.groups
         for name, dataset in new.items():
             dataset.attrs = {}
             has_draw = "draw" in dataset.dims
@@ -204,6 +218,9 @@ class NetcdfStore:
                 unlimited_dims=["draw"] if has_draw else None,
             )
             self.groups.add(name)
+        if first:
+            with h5netcdf_file(self.writing) as file:
+                file.attrs[RUN] = self.run
         later = {name: ds for name, ds in datasets.items() if name not in new and "draw" in ds.dims}
         if not later:
             return

@@ -289,3 +289,17 @@ def test_a_run_off_the_cpu_streams_to_host_memory(small_chunks):
     assert isinstance(on_gpu.store, HostStore) and on_gpu.chunk == 7
     assert on_gpu.store.positions.dtype == np.float32
     assert _recorder(None, None, 4, 10, 5000, 3, False, like, torch.device("cpu")).store is None
+
+
+def test_a_resume_refuses_a_store_file_of_another_run(small_chunks, tmp_path):
+    """The store file keeps its run's identity: a checkpoint resumed beside a file that
+    another run wrote at the same path is refused, not continued into the other's draws."""
+    options = dict(dim=2, chains=2, warmup=20, draws=40, progress=False, batched=True)
+    options.update(kernel=hmc.HMC(num_steps=2), compile=False, checkpoint_every=20)
+    store = tmp_path / "run.nc"
+    hmc.sample(standard_normal, seed=1, store=store, checkpoint=tmp_path / "a.ckpt", **options)
+    other = tmp_path / "other.nc"
+    hmc.sample(standard_normal, seed=2, store=other, checkpoint=tmp_path / "b.ckpt", **options)
+    store.write_bytes(other.read_bytes())  # another run's file where this run's was
+    with pytest.raises(ValueError, match="holds another run's draws"):
+        hmc.resume(tmp_path / "a.ckpt", standard_normal)
