@@ -33,6 +33,7 @@ __all__ = [
     "AUTO_DECISION_ITERATIONS",
     "DEFAULT_CHECKPOINT_EVERY",
     "KERNELS",
+    "MAX_WARMUP",
     "METRICS",
     "Settings",
     "as_target",
@@ -52,6 +53,8 @@ CHEES_TARGET_ACCEPT = 0.651
 #: ``hmc.sample(compile="auto")`` decides whether to compile once a tenth of the run's
 #: iterations are done, and at least this many (:func:`compile_decision_at`)
 AUTO_DECISION_ITERATIONS = 20
+#: the longest warmup: its schedule holds a few bytes per iteration in memory
+MAX_WARMUP = 10**9
 #: iterations between checkpoints when ``checkpoint=`` is given alone
 DEFAULT_CHECKPOINT_EVERY = 100
 KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS, "chees": ChEES}
@@ -89,6 +92,12 @@ def validate(**kw: Any) -> Settings:
         value = kw[name]
         if not _is_int(value) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if kw["warmup"] > MAX_WARMUP and (not kw["save_warmup"] or kw["store"] is not None):
+        # (kept warmup draws held in memory are refused by check_memory, naming them)
+        raise ValueError(
+            f"warmup must be at most {MAX_WARMUP:.0e} iterations (its schedule keeps a few "
+            f"bytes per iteration), got {kw['warmup']!r}"
+        )
     kernel = kw["kernel"]
     if isinstance(kernel, str):
         if kernel.lower() not in KERNELS:

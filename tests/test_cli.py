@@ -316,6 +316,19 @@ def test_sample_command_names_an_unknown_model(model, message, tmp_path):
         main(["sample", model, "--out", str(tmp_path / "run.nc")])
 
 
+def test_a_model_the_package_refuses_is_one_line_on_stderr_not_a_traceback(tmp_path, capsys):
+    source = tmp_path / "model.py"
+    source.write_text(
+        'import hmc\nmodel = hmc.Model(lambda p: -p["chain"] ** 2, {"chain": hmc.Param()})\n'
+    )
+    status = main(["sample", str(source), "--warmup", "5", "--draws", "5", "--no-progress",
+                   "--out", str(tmp_path / "run.nc")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.startswith("hmc sample: error: posterior variable(s) ['chain'] would vanish")
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
 def test_model_names_work_as_in_the_command_line():
     assert hmc.models.resolve("eight_schools") == "eight_schools-eight_schools_noncentered"
     assert hmc.models.resolve("blr") == "sblrc-blr"

@@ -404,3 +404,11 @@ def test_adapted_from_with_an_inverse_metric_that_is_not_positive_is_refused(bad
     previous["adaptation"]["inverse_metric"].values[1, 0] = bad
     with pytest.raises(ValueError, match="inverse metric that is not finite and positive"):
         run(warmup=0, adapted_from=previous)
+
+
+def test_trajectories_and_warmups_too_long_to_run_are_refused():
+    with pytest.raises(ValueError, match=r"num_steps \(1000000000\) exceeds max_steps \(1024\)"):
+        hmc.HMC(num_steps=10**9)
+    assert hmc.HMC(num_steps=2000, max_steps=2000).num_steps == 2000
+    with pytest.raises(ValueError, match=r"warmup must be at most 1e\+09 iterations"):
+        run(warmup=10**12)

@@ -112,7 +112,8 @@ class HMC:
     trajectory_length : float
         The longest integration time when ``num_steps`` is not given (default 2 pi).
     max_steps : int
-        Cap on the drawn number of steps (guards against tiny step sizes in early warmup).
+        Cap on the drawn number of steps (guards against tiny step sizes in early warmup),
+        and the most ``num_steps`` may be.
     max_energy_error : float
         Energy error above which a transition is divergent (default 1000, as in Stan).
 
@@ -146,6 +147,12 @@ class HMC:
             raise ValueError(f"trajectory_length must be positive, got {self.trajectory_length!r}")
         if not isinstance(self.max_steps, int) or self.max_steps < 1:
             raise ValueError(f"max_steps must be a positive integer, got {self.max_steps!r}")
+        if self.num_steps is not None and self.num_steps > self.max_steps:
+            raise ValueError(
+                f"num_steps ({self.num_steps}) exceeds max_steps ({self.max_steps}): raise "
+                "max_steps for trajectories that long (a transition is not interrupted "
+                "midway, so Ctrl-C waits for it)"
+            )
         if not self.max_energy_error > 0:
             raise ValueError(f"max_energy_error must be positive, got {self.max_energy_error!r}")
 
