@@ -669,12 +669,14 @@ _CONSTANTS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, ...]] = {}
 
 def _constants(chains: int, levels: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """``arange(levels)``, the masks ``2**(l+1) - 1`` of the low ``l + 1`` bits,
-    ``arange(levels + 2)`` and ``arange(chains)``, on ``device``, made once."""
+    ``arange(levels + 2)`` and ``arange(chains)``, on ``device``, made once. None is a
+    view of another: torch's ``while_loop`` refuses inputs that alias one another, and
+    a tick traced inside one takes these as inputs."""
     key = (chains, levels, device)
     found = _CONSTANTS.get(key)
     if found is None:
+        level = torch.arange(levels, device=device)
         span = torch.arange(levels + 2, device=device)
-        level = span[:levels]
         found = (level, (2 << level) - 1, span, torch.arange(chains, device=device))
         _CONSTANTS[key] = found
     return found
