@@ -566,10 +566,12 @@ class NUTS:
         # before writing it again, or their transition is over (idle chains' counters
         # run on, hence the clamp).
         slot = closes.clamp(max=levels - 1)
-        vectors.index_put_(
+        vectors = vectors.index_put(
             (rows, slot), torch.cat((node_rho.unsqueeze(1), node_begin, ends, proposal.vectors), 1)
         )
-        scalars.index_put_((rows, slot), torch.cat((node_weight.unsqueeze(1), proposal.scalars), 1))
+        scalars = scalars.index_put(
+            (rows, slot), torch.cat((node_weight.unsqueeze(1), proposal.scalars), 1)
+        )
 
         # ---- top level: a completed doubling merges into the trajectory
         top_u = u[rows, merges]
@@ -605,6 +607,7 @@ class NUTS:
             diverging=traj.diverging | divergent,
             max_error=torch.maximum(traj.max_error, error.abs()),
             next_uniform=traj.next_uniform + merges + completed,
+            stack=Stack(vectors, scalars),
         ), finished
 
 
