@@ -100,12 +100,13 @@ def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     On the CPU, torch reduces a short last axis slowly: ``(a * b).sum(-1)`` over
     ``(3, 1024, 10, 2)`` takes about ten times as long as a matrix product doing the same
-    sums. CPU tensors are therefore contracted with a matrix product. Other devices and
-    NumPy arrays use the plain sum.
+    sums. CPU tensors are therefore contracted with a matrix product. Other devices,
+    NumPy arrays and graphs being compiled use the plain sum: inductor fuses it into the
+    generated code, where a matrix product would be a call out of it.
     """
     if isinstance(a, np.ndarray):
         return np.add.reduce(a * b, -1)
-    if a.device.type != "cpu":
+    if a.device.type != "cpu" or torch.compiler.is_compiling():
         return (a * b).sum(-1)
     if a.shape[-1] <= _SHORT_ROWS:
         product = a * b

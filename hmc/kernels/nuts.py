@@ -566,10 +566,12 @@ class NUTS:
         # before writing it again, or their transition is over (idle chains' counters
         # run on, hence the clamp).
         slot = closes.clamp(max=levels - 1)
-        vectors.index_put_(
+        vectors = vectors.index_put(
             (rows, slot), torch.cat((node_rho.unsqueeze(1), node_begin, ends, proposal.vectors), 1)
         )
-        scalars.index_put_((rows, slot), torch.cat((node_weight.unsqueeze(1), proposal.scalars), 1))
+        scalars = scalars.index_put(
+            (rows, slot), torch.cat((node_weight.unsqueeze(1), proposal.scalars), 1)
+        )
 
         # ---- top level: a completed doubling merges into the trajectory
         top_u = u[rows, merges]
@@ -605,6 +607,7 @@ class NUTS:
             diverging=traj.diverging | divergent,
             max_error=torch.maximum(traj.max_error, error.abs()),
             next_uniform=traj.next_uniform + merges + completed,
+            stack=Stack(vectors, scalars),
         ), finished
 
 
@@ -669,12 +672,14 @@ _CONSTANTS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, ...]] = {}
 
 def _constants(chains: int, levels: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """``arange(levels)``, the masks ``2**(l+1) - 1`` of the low ``l + 1`` bits,
-    ``arange(levels + 2)`` and ``arange(chains)``, on ``device``, made once."""
+    ``arange(levels + 2)`` and ``arange(chains)``, on ``device``, made once. None is a
+    view of another: torch's ``while_loop`` refuses inputs that alias one another, and
+    a tick traced inside one takes these as inputs."""
     key = (chains, levels, device)
     found = _CONSTANTS.get(key)
     if found is None:
+        level = torch.arange(levels, device=device)
         span = torch.arange(levels + 2, device=device)
-        level = span[:levels]
         found = (level, (2 << level) - 1, span, torch.arange(chains, device=device))
         _CONSTANTS[key] = found
     return found
