@@ -144,16 +144,15 @@ class NetcdfStore:
             return {}
         if not os.path.exists(self.path):
             raise ValueError(f"store={self.path!r} is missing: it held the draws so far")
-        with h5py.File(self.path, "r") as file:
-            found = file.attrs.get(RUN)
-        found = found.decode() if isinstance(found, bytes) else found
-        if found != self.run:
-            raise ValueError(
-                f"store={self.path!r} holds another run's draws (not those of the run its "
-                "checkpoint continues): move it away, or resume with the file this run wrote"
-            )
         sums: dict[str, np.ndarray] = {}
         with h5py.File(self.path, "a") as file:
+            found = file.attrs.get(RUN)
+            if (found.decode() if isinstance(found, bytes) else found) != self.run:
+                raise ValueError(
+                    f"store={self.path!r} holds another run's draws (not those of the run "
+                    "its checkpoint continues): move it away, or resume with the file this "
+                    "run wrote"
+                )
             if "adaptation" in file:
                 del file["adaptation"]
             self.groups = set(file)

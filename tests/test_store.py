@@ -297,9 +297,11 @@ def test_a_resume_refuses_a_store_file_of_another_run(small_chunks, tmp_path):
     options = dict(dim=2, chains=2, warmup=20, draws=40, progress=False, batched=True)
     options.update(kernel=hmc.HMC(num_steps=2), compile=False, checkpoint_every=20)
     store = tmp_path / "run.nc"
-    hmc.sample(standard_normal, seed=1, store=store, checkpoint=tmp_path / "a.ckpt", **options)
+    for seed, path in ((1, store), (2, tmp_path / "other.nc")):  # (each file closed after)
+        hmc.sample(
+            standard_normal, seed=seed, store=path, checkpoint=tmp_path / f"{seed}.ckpt", **options
+        ).close()
     other = tmp_path / "other.nc"
-    hmc.sample(standard_normal, seed=2, store=other, checkpoint=tmp_path / "b.ckpt", **options)
     store.write_bytes(other.read_bytes())  # another run's file where this run's was
     with pytest.raises(ValueError, match="holds another run's draws"):
-        hmc.resume(tmp_path / "a.ckpt", standard_normal)
+        hmc.resume(tmp_path / "1.ckpt", standard_normal)
