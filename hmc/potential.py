@@ -317,6 +317,15 @@ class Potential:
             g = np.where(finite[:, None], g, 0.0)
         return U, g
 
+    @property
+    def compiles_loops(self) -> bool:
+        """Whether :meth:`loop` would run a compiled graph now (``lockstep``, compiling by
+        the ``compile`` rule, no memo cache, no ``reduce``): a caller checks this before
+        preparing a loop's tensors."""
+        if not self.lockstep or self._compile is False or self.cache or self.reduce:
+            return False
+        return not (self._compile == "auto" and self._calls < AUTO_COMPILE_CALLS)
+
     def loop(
         self,
         key: Hashable,
@@ -335,9 +344,7 @@ class Potential:
         is None unless the energy was made with ``lockstep=True`` and compiles (the
         ``compile`` rule; no memo cache, no ``reduce``), and after a failed compile,
         which warns once and leaves every later call eager."""
-        if not self.lockstep or self._compile is False or self.cache or self.reduce:
-            return None
-        if self._compile == "auto" and self._calls < AUTO_COMPILE_CALLS:
+        if not self.compiles_loops:
             return None
         graph = self._loops.get(key)
         if graph is None:

@@ -311,6 +311,8 @@ class HMC:
     ) -> tuple[State, HMCInfo, Proposal | None] | None:
         """:meth:`_transition` through the energy's compiled loop, or None where the
         energy does not compile it (the eager path then runs)."""
+        if not potential.compiles_loops:  # nothing computed, nothing read from the device
+            return None
         steps = self._num_steps(params, draws.steps)
         on_numpy = isinstance(steps, np.ndarray)
         longest = int(steps.max())
