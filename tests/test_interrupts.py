@@ -53,27 +53,30 @@ CHILD = textwrap.dedent(
 )
 
 
-def run_interrupted(signum: int, warmup: int, draws: int) -> dict:
-    """Start the child, send ``signum`` 1.5 s after it reports it is running, return
-    its JSON line."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def signalled(code: str, args: list[str], signum: int, wait: float) -> tuple[int, str, str]:
+    """Run ``code`` in a child process with ``args``, send ``signum`` ``wait`` seconds
+    after it prints that it is running; return its exit status, stdout and stderr."""
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(warmup), str(draws)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
     try:
         assert child.stdout.readline().strip() == "running", child.stderr.read()
-        time.sleep(1.5)
+        time.sleep(wait)
         child.send_signal(signum)
         out, err = child.communicate(timeout=120)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert child.returncode == 0, err
+    return child.returncode, out, err
+
+
+def run_interrupted(signum: int, warmup: int, draws: int) -> dict:
+    """The child's JSON line, ``signum`` sent 1.5 s after it reports it is running."""
+    status, out, err = signalled(CHILD, [str(warmup), str(draws)], signum, 1.5)
+    assert status == 0, err
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -153,20 +156,7 @@ def test_interrupt_with_a_checkpoint_writes_one_where_the_chains_stand(tmp_path)
     settings = dict(dim=3, chains=3, warmup=1000, draws=50, seed=5, batched=True)
     settings.update(progress=False, compile=False, checkpoint_every=5000)
     path = tmp_path / "run.ckpt"
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHECKPOINTING_CHILD, str(path), repr(settings)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    try:
-        assert child.stdout.readline().strip() == "running", child.stderr.read()
-        time.sleep(1.0)
-        child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    _, out, err = signalled(CHECKPOINTING_CHILD, [str(path), repr(settings)], signal.SIGINT, 1.0)
     assert "no draws exist yet" in json.loads(out.strip().splitlines()[-1])["raised"], err
     written = read_checkpoint(path)["iteration"]
     assert 0 < written < 1000  # the interrupt's, not the end of warmup's
@@ -220,21 +210,8 @@ def test_sigterm_stops_the_process_once_the_draws_are_safe(checkpointed, tmp_pat
     once; a run whose draws are in memory returns them, and the process ends at the next
     hmc.sample call instead of running on into it."""
     path = str(tmp_path / "run.ckpt") if checkpointed else ""
-    child = subprocess.Popen(
-        [sys.executable, "-c", TERMINATED_CHILD, path],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    try:
-        assert child.stdout.readline().strip() == "running", child.stderr.read()
-        time.sleep(1.0)
-        child.send_signal(signal.SIGTERM)
-        out, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == -signal.SIGTERM, (out, err)
+    status, out, err = signalled(TERMINATED_CHILD, [path], signal.SIGTERM, 1.0)
+    assert status == -signal.SIGTERM, (out, err)
     assert "second run done" not in out
     assert "hmc: stopping the process" in err
     if checkpointed:
