@@ -1,12 +1,14 @@
-"""Benchmark: static HMC and ChEES with their whole transition compiled, against eager.
+"""Benchmark: static HMC, ChEES and NUTS with their whole transition compiled, against eager.
 
 For each posterior and (kernel, chains), one process runs ``hmc.sample`` with a fixed step
 size, metric and trajectory length (``adapted_from`` a short adapted run, ``warmup=0``,
 each chain starting at that run's last draw), so that eager and compiled runs integrate
 the same trajectories: eager (``compile=False``) and compiled (``compile=True``, the
-transition as one graph), alternately, ``--rounds`` times. Reported: sampling seconds per
-chain-gradient (the ``sampling_time`` attribute over the leapfrog steps of every chain,
-one gradient per step) of each, their ratio, the compile seconds of the compiled run, and
+transition as one graph; NUTS: every chain's tree), alternately, ``--rounds`` times.
+Reported: sampling seconds per chain-gradient (the ``sampling_time`` attribute over the
+leapfrog steps of every chain, one gradient per step; the compiled NUTS computes more, as
+every chain steps until the largest tree of the call ends, and those are not counted) of
+each, their ratio, the compile seconds of the compiled run, and
 how far apart the two runs' draws end up (they share the seed). Medians over the rounds;
 one thread. Each compiled run compiles afresh (torch caches no ``while_loop`` graph on
 disk); the compile column gives the first round's seconds and the median of the later
@@ -35,20 +37,19 @@ except ModuleNotFoundError:  # run as a plain file: its folder is on sys.path
     from machine import machine
 
 #: (kernel name, chains) pairs measured by default
-CASES = (("chees", 64), ("hmc", 4))
+CASES = (("chees", 64), ("hmc", 4), ("nuts", 4))
 
 
-def _kernel(name: str, adapted) -> hmc.HMC:
-    """The kernel with the adapted run's trajectory length (ChEES) or Stan's default
-    random number of steps (static HMC)."""
+def _kernel(name: str, adapted) -> hmc.HMC | hmc.NUTS:
+    """The kernel with the adapted run's trajectory length (ChEES), Stan's default random
+    number of steps (static HMC), or NUTS."""
     if name == "chees":
         length = float(np.median(adapted["adaptation"]["trajectory_length"].values))
         return hmc.ChEES(trajectory_length=length)
-    return hmc.HMC()
+    return hmc.NUTS() if name == "nuts" else hmc.HMC()
 
 
-def _adapted(model, name: str, chains: int):
-    kernel = "chees" if name == "chees" else "hmc"
+def _adapted(model, kernel: str, chains: int):
     return hmc.sample(
         model, chains=chains, kernel=kernel, warmup=300, draws=10, seed=2, compile=False,
         progress=False,
@@ -82,6 +83,9 @@ def main() -> None:
         default="eight_schools-eight_schools_noncentered,kidiq-kidscore_interaction,arK-arK",
     )
     parser.add_argument("--draws", type=int, default=500)
+    parser.add_argument(
+        "--cases", default=",".join(f"{k}:{c}" for k, c in CASES), help="kernel:chains,..."
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -98,7 +102,8 @@ def main() -> None:
     ]
     for name in args.models.split(","):
         model = hmc.models.load(name)
-        for kernel_name, chains in CASES:
+        for case in args.cases.split(","):
+            kernel_name, chains = case.split(":")[0], int(case.split(":")[1])
             adapted = _adapted(model, kernel_name, chains)
             kernel = _kernel(kernel_name, adapted)
             times: dict[bool, list[float]] = {False: [], True: []}

@@ -24,7 +24,7 @@ from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.state import State
 
-__all__ = ["leapfrog", "leapfrog_lockstep"]
+__all__ = ["Energy", "leapfrog", "leapfrog_lockstep"]
 
 
 def leapfrog[A: (torch.Tensor, np.ndarray)](
@@ -56,7 +56,7 @@ def leapfrog[A: (torch.Tensor, np.ndarray)](
     return State(q, U, grad), p - half_step * grad
 
 
-class _Energy(NamedTuple):
+class Energy(NamedTuple):
     """An energy function ``(C, D) -> (U (C,), grad (C, D))`` where :func:`leapfrog`
     expects the energy module."""
 
@@ -83,7 +83,7 @@ def leapfrog_lockstep(
     (:func:`hmc.compiled.energy_function`). Returns the end states and momenta.
     """
     longest = steps.max()
-    potential = _Energy(energy)
+    potential = Energy(energy)
 
     def going(i, position, potential_energy, grad, p):
         return i < longest

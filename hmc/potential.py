@@ -33,12 +33,12 @@ at the :data:`AUTO_COMPILE_CALLS`-th evaluation: a loop that long has spent abou
 on eager gradients as compiling takes. The switch is decided by counting, never by timing,
 so a seeded loop gives the same numbers on a fast machine and a slow one.
 
-A kernel whose chains integrate in lockstep (static HMC, ChEES) compiles more than the
-energy: with ``lockstep=True`` its whole transition, every leapfrog step, the Metropolis
-test and the statistics, runs as one graph through :meth:`Potential.loop`
-(:class:`hmc.compiled.CompiledLoop`), under the same ``compile`` rule, and the energy
-alone is never compiled (its few evaluations outside transitions, at the initial points
-and in the step-size search, stay eager).
+A kernel compiles more than the energy: with ``compiled_loop="transition"`` (static HMC,
+ChEES) its whole transition, every leapfrog step, the Metropolis test and the statistics,
+and with ``compiled_loop="trees"`` (NUTS) every chain's whole tree, run as one graph
+through :meth:`Potential.loop` (:class:`hmc.compiled.CompiledLoop`), under the same
+``compile`` rule, and the energy alone is never compiled (its few evaluations outside
+transitions, at the initial points and in the step-size search, stay eager).
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ LogProb = Callable[[torch.Tensor], torch.Tensor]
 #: about the 5 s compiling a posteriordb model takes on a 2-core CPU.
 AUTO_COMPILE_CALLS = 10_000
 COMPILE_CHOICES = (True, False, "auto")
+#: what a kernel compiles whole with the energy (:class:`Potential`'s ``compiled_loop``)
+COMPILED_LOOPS = (None, "transition", "trees")
 
 
 def compile_choice(value: Any) -> bool | str:
@@ -82,13 +84,13 @@ def compile_choice(value: Any) -> bool | str:
 
 #: What :meth:`Potential.decide_compile` expects compiling to cost, in seconds, and the
 #: least speed-up of the evaluations it expects from it: the energy's graph (cold, and
-#: with torch's on-disk cache, which holds it across processes) and a lockstep kernel's
-#: whole transition (torch caches no ``while_loop`` graph on disk, so always cold). The
-#: low ends of what the built-in posteriors measure on a 2-core CPU
+#: with torch's on-disk cache, which holds it across processes), a static kernel's whole
+#: transition and NUTS's trees (torch caches no ``while_loop`` graph on disk, so always
+#: cold). The low ends of what the built-in posteriors measure on a 2-core CPU
 #: (``benchmarks/RESULTS.md``): energy 12-36 s cold, 3-7 s warm, 3.2-5.9 times faster;
-#: transitions 4-8 s, 10-29 times faster.
-COMPILE_COST = {"energy": 15.0, "energy, cached": 6.0, "loop": 7.0}
-COMPILED_SPEEDUP = {"energy": 3.0, "loop": 9.0}
+#: transitions 4-8 s, 10-29 times faster; trees TREES_MEASURED.
+COMPILE_COST = {"energy": 15.0, "energy, cached": 6.0, "transition": 7.0, "trees": 20.0}
+COMPILED_SPEEDUP = {"energy": 3.0, "transition": 9.0, "trees": 3.0}
 
 
 class Potential:
@@ -110,9 +112,10 @@ class Potential:
         ``reduce(U, grad) -> (U, grad)`` applied to every evaluation's result (arrays of
         the kind of ``q``, after the non-finite rows are set): a sum over the processes of
         a group for a likelihood over sharded data (:class:`hmc.distributed.ShardedPotential`).
-    lockstep : bool
-        Whether the energy serves a kernel whose transitions compile whole
-        (:meth:`loop`); the energy alone is then never compiled.
+    compiled_loop : "transition", "trees" or None
+        What the kernel the energy serves compiles whole with it (:meth:`loop`): a static
+        transition, NUTS's trees, or nothing (None: the energy compiles alone); with a
+        loop (and no memo cache or ``reduce``) the energy alone is never compiled.
 
     Attributes
     ----------
@@ -148,7 +151,7 @@ class Potential:
         cache: MemoCache | bool | None = None,
         compile: bool | str = "auto",
         reduce: Callable[[Any, Any], tuple[Any, Any]] | None = None,
-        lockstep: bool = False,
+        compiled_loop: str | None = None,
     ) -> None:
         if not callable(log_prob):
             raise TypeError(f"log_prob must be callable, got {type(log_prob).__name__}")
@@ -172,7 +175,11 @@ class Potential:
         self.on_compile: Callable[[bool], None] | None = None
         self._compile = compile_choice(compile)
         self._graph: CompiledEnergy | None = None
-        self.lockstep = bool(lockstep)
+        if compiled_loop not in COMPILED_LOOPS:
+            raise ValueError(
+                f"compiled_loop must be one of {COMPILED_LOOPS}, got {compiled_loop!r}"
+            )
+        self.compiled_loop = compiled_loop
         self._loops: dict[Hashable, CompiledLoop] = {}
         self._calls = 0
         self._eager_seconds = 0.0
@@ -211,7 +218,7 @@ class Potential:
         says so."""
         if self._compile is False:
             return self._value_and_grad(q)
-        if self.lockstep:  # counted towards compile="auto"; transitions compile, not this
+        if self._loop_runs:  # counted towards compile="auto"; loops compile, not this
             self._calls += 1
             return self._timed(q)
         if q.ndim == 2:
@@ -240,16 +247,16 @@ class Potential:
         much; compiling pays where that, less its expected share once compiled
         (:data:`COMPILED_SPEEDUP`), exceeds what compiling is expected to cost
         (:data:`COMPILE_COST`). The energy then compiles at its next evaluation (a
-        lockstep kernel's transition at its next transition); otherwise it stays eager
+        kernel's loop at its next call); otherwise it stays eager
         for the run. The figures and the outcome go to :attr:`compile_decision`. Returns
         whether it compiles; a Potential that is not ``"auto"`` changes nothing."""
         if self._compile != "auto":
             return bool(self._compile)
-        what = "loop" if self.lockstep else "energy"
+        what = self.compiled_loop if self._loop_runs else "energy"
         expected = self._eager_seconds / max(done, 1) * left
         saving = expected * (1 - 1 / COMPILED_SPEEDUP[what])
         cost = COMPILE_COST[what]
-        if not self.lockstep and saving > COMPILE_COST["energy, cached"] and _cache_used():
+        if what == "energy" and saving > COMPILE_COST["energy, cached"] and _cache_used():
             cost = COMPILE_COST["energy, cached"]  # (a look at the cache imports inductor)
         self._compile = saving > cost
         self.compile_decision = (
@@ -318,11 +325,17 @@ class Potential:
         return U, g
 
     @property
+    def _loop_runs(self) -> bool:
+        """Whether the kernel's loop compiles with the energy (a ``compiled_loop``, no memo
+        cache, no ``reduce``); otherwise the energy compiles alone."""
+        return bool(self.compiled_loop) and not self.cache and self.reduce is None
+
+    @property
     def compiles_loops(self) -> bool:
-        """Whether :meth:`loop` would run a compiled graph now (``lockstep``, compiling by
+        """Whether :meth:`loop` would run a compiled graph now (a ``compiled_loop``, compiling by
         the ``compile`` rule, no memo cache, no ``reduce``): a caller checks this before
         preparing a loop's tensors."""
-        if not self.lockstep or self._compile is False or self.cache or self.reduce:
+        if not self._loop_runs or self._compile is False:
             return False
         return not (self._compile == "auto" and self._calls < AUTO_COMPILE_CALLS)
 
@@ -341,7 +354,7 @@ class Potential:
         grad (W, D))`` (:class:`hmc.compiled.CompiledLoop`, compiled and checked at its
         first call on ``probe(tensors)``); ``key`` names it (one graph per key), ``rows``
         is the number of positions its loop evaluates, added to :attr:`evaluations`. It
-        is None unless the energy was made with ``lockstep=True`` and compiles (the
+        is None unless the energy was made with a ``compiled_loop`` and compiles (the
         ``compile`` rule; no memo cache, no ``reduce``), and after a failed compile,
         which warns once and leaves every later call eager."""
         if not self.compiles_loops:

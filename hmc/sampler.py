@@ -281,7 +281,7 @@ def sample(
         batched=target.batched,
         compile=settings.compile,
         reduce=reduce,
-        lockstep=settings.kernel.lockstep,
+        compiled_loop=settings.kernel.compiled_loop,
     )
     display = None
     if settings.progress:  # True: the bar; else the caller's factory

@@ -1,8 +1,9 @@
-"""Compiled transitions of the lockstep kernels (static HMC, ChEES): every leapfrog step,
-the Metropolis test and the statistics in one graph, giving the eager path's draws to
-rounding for the same seed, step size and metric; one graph per run; a density that
-cannot be captured whole, or a graph whose result differs from eager, runs eagerly after
-one warning. Each compile takes a few seconds on a 2-core CPU."""
+"""Compiled transitions: static HMC and ChEES (every leapfrog step, the Metropolis test
+and the statistics in one graph) and NUTS (every chain's tree in one graph), giving the
+eager path's draws to rounding for the same seed, step size and metric; one graph per
+run; a density that cannot be captured whole, or a graph whose result differs from eager,
+runs eagerly after one warning. Each compile takes a few seconds on a 2-core CPU (NUTS's
+trees 10-20 s)."""
 
 from __future__ import annotations
 
@@ -43,15 +44,16 @@ def run(kernel, compile, engine="numpy", **kw):
     return hmc.sample(wavy, dim=3, kernel=kernel, compile=compile, engine=engine, **options, **kw)
 
 
-def assert_same_run(compiled, eager, gradients_equal=True):
+def assert_same_run(compiled, eager, all_compiled=True):
     for name in ("x",):
         np.testing.assert_allclose(
             compiled["posterior"][name].values, eager["posterior"][name].values, atol=1e-10
         )
-    for name in ("n_steps", "diverging"):
-        np.testing.assert_array_equal(
-            compiled["sample_stats"][name].values, eager["sample_stats"][name].values
-        )
+    for name in ("n_steps", "diverging", "tree_depth"):
+        if name in eager["sample_stats"]:
+            np.testing.assert_array_equal(
+                compiled["sample_stats"][name].values, eager["sample_stats"][name].values
+            )
     for name in ("acceptance_rate", "energy", "energy_error", "lp"):
         np.testing.assert_allclose(
             compiled["sample_stats"][name].values, eager["sample_stats"][name].values,
@@ -59,8 +61,11 @@ def assert_same_run(compiled, eager, gradients_equal=True):
         )  # fmt: skip
     assert compiled.attrs["compiled"] == 1 and compiled.attrs["compile_time"] > 0
     assert eager.attrs["compiled"] == 0
-    if gradients_equal:
-        assert compiled.attrs["n_gradient_evaluations"] == eager.attrs["n_gradient_evaluations"]
+    # every chain is evaluated while the longest trajectory (or tree) of its call moves
+    steps = eager["sample_stats"]["n_steps"].values  # (chains, draws)
+    lockstep = steps.shape[0] * steps.max(axis=0).sum() - steps.sum()
+    extra = compiled.attrs["n_gradient_evaluations"] - eager.attrs["n_gradient_evaluations"]
+    assert extra == lockstep if all_compiled else 0 < extra < lockstep
 
 
 @pytest.mark.parametrize(
@@ -68,8 +73,10 @@ def assert_same_run(compiled, eager, gradients_equal=True):
     [
         (hmc.ChEES(trajectory_length=2.0), "numpy"),
         (hmc.HMC(), "torch"),  # steps that differ between chains
+        (hmc.NUTS(), "numpy"),  # trees that differ between chains
         pytest.param(hmc.HMC(), "numpy", marks=pytest.mark.slow),
         pytest.param(hmc.HMC(num_steps=6), "torch", marks=pytest.mark.slow),
+        pytest.param(hmc.NUTS(max_tree_depth=5), "torch", marks=pytest.mark.slow),
     ],
 )
 def test_a_compiled_transition_gives_the_eager_draws_with_one_graph(kernel, engine):
@@ -80,8 +87,23 @@ def test_a_compiled_transition_gives_the_eager_draws_with_one_graph(kernel, engi
     assert graphs() - before == 1  # the one-step check and every transition share it
     eager = run(kernel, False, engine)
     assert graphs() - before == 1
-    # steps that differ between chains: every chain is evaluated while the longest moves
-    assert_same_run(compiled, eager, gradients_equal=kernel.num_steps is not None)
+    assert_same_run(compiled, eager)
+
+
+@pytest.mark.parametrize("engine", ["numpy", pytest.param("torch", marks=pytest.mark.slow)])
+def test_nuts_compiling_mid_run_gives_the_eager_draws(engine, monkeypatch):
+    """``compile="auto"`` settles a tenth into the run (compiling is made to cost nothing);
+    the trees in flight then end eagerly and no chain starts another until every chain
+    stands at a draw, after which every tree runs compiled: the eager run's draws to
+    rounding, with the first tenth's evaluations those of the eager trees."""
+    monkeypatch.setattr(
+        hmc.potential, "COMPILE_COST", dict.fromkeys(hmc.potential.COMPILE_COST, 0.0)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = run(hmc.NUTS(), "auto", engine)
+    assert compiled.attrs["compile_decision"].startswith("compiled")
+    assert_same_run(compiled, run(hmc.NUTS(), False, engine), all_compiled=False)
 
 
 @pytest.mark.slow  # a compile, 3 s
@@ -96,8 +118,12 @@ def test_random_numbers_of_steps_count_every_evaluated_row():
     assert (steps.max(axis=0) > steps.min(axis=0)).any()
 
 
-def test_the_dense_metric_transition_for_hand_written_loops():
-    """``HMC.transition`` with a dense metric through the compiled loop, against the eager
+@pytest.mark.parametrize(
+    "kernel",
+    [hmc.HMC(num_steps=9), pytest.param(hmc.NUTS(max_tree_depth=6), marks=pytest.mark.slow)],
+)
+def test_the_dense_metric_transition_for_hand_written_loops(kernel):
+    """``transition`` with a dense metric through the compiled loop, against the eager
     energy module: the same new states and statistics to rounding."""
     chains, dim = 5, 3
     generator = torch.Generator().manual_seed(1)
@@ -106,9 +132,11 @@ def test_the_dense_metric_transition_for_hand_written_loops():
     inverse = a @ a.mT / dim + 0.5 * torch.eye(dim, dtype=F64)
     params = Params(torch.full((chains,), 0.2, dtype=F64), metric_from_inverse(inverse))
     keys = chain_keys(1, torch.arange(chains))
-    kernel = hmc.HMC(num_steps=9)
     results = []
-    for potential in (Potential(wavy, compile=True, lockstep=True), Potential(wavy, compile=False)):
+    for potential in (
+        Potential(wavy, compile=True, compiled_loop=kernel.compiled_loop),
+        Potential(wavy, compile=False),
+    ):
         state = State(q, *potential.value_and_grad(q))
         for counter in range(3):
             state, info = kernel.transition(
@@ -117,7 +145,8 @@ def test_the_dense_metric_transition_for_hand_written_loops():
         results.append((state, info, potential))
     (state_c, info_c, compiled), (state_e, info_e, eager) = results
     assert compiled.compiled and not eager.compiled
-    assert compiled.evaluations == eager.evaluations == chains * (1 + 3 * 9)
+    if isinstance(kernel, hmc.HMC):
+        assert compiled.evaluations == eager.evaluations == chains * (1 + 3 * 9)
     for a_, b_ in zip((*state_c, *info_c), (*state_e, *info_e), strict=True):
         torch.testing.assert_close(a_, b_, rtol=1e-10, atol=1e-10)
     assert info_c.acceptance_rate.min() < 1  # the test accepts and rejects: it is in the graph
@@ -139,7 +168,10 @@ def test_chees_reports_the_eager_trajectories_to_its_adaptation():
     kernel = hmc.ChEES()
     phase = Phase(torch.ones(chains, dtype=torch.bool), torch.full((chains,), 3))
     reports = []
-    for potential in (Potential(wavy, compile=True, lockstep=True), Potential(wavy, compile=False)):
+    for potential in (
+        Potential(wavy, compile=True, compiled_loop="transition"),
+        Potential(wavy, compile=False),
+    ):
         kernel_state = kernel.init(State(q, *potential.value_and_grad(q)))
         for _ in range(3):
             kernel_state, step = kernel.step(kernel_state, params, potential, keys, phase)
@@ -158,9 +190,9 @@ def python_branch(q: torch.Tensor) -> torch.Tensor:
     return -0.5 * (q**2).sum() - 0.1 * q[0] ** 2
 
 
-def test_a_density_that_cannot_be_captured_runs_eagerly_after_one_warning():
+@pytest.mark.parametrize("kernel", [hmc.HMC(num_steps=4), hmc.NUTS(max_tree_depth=4)])
+def test_a_density_that_cannot_be_captured_runs_eagerly_after_one_warning(kernel):
     options = dict(dim=2, chains=3, warmup=0, draws=20, step_size=0.3, seed=1, progress=False)
-    kernel = hmc.HMC(num_steps=4)
     with pytest.warns(RuntimeWarning, match="could not compile the transition") as caught:
         compiled = hmc.sample(python_branch, kernel=kernel, compile=True, **options)
     assert len([w for w in caught if "could not compile" in str(w.message)]) == 1
@@ -176,9 +208,12 @@ def compiled_differently(q: torch.Tensor) -> torch.Tensor:
     return -0.5 * scale * (q**2).sum()
 
 
-def test_a_compiled_transition_that_differs_from_eager_is_not_used():
+@pytest.mark.parametrize(
+    "kernel",
+    [hmc.HMC(num_steps=4), pytest.param(hmc.NUTS(max_tree_depth=4), marks=pytest.mark.slow)],
+)
+def test_a_compiled_transition_that_differs_from_eager_is_not_used(kernel):
     options = dict(dim=2, chains=3, warmup=0, draws=20, step_size=0.3, seed=1, progress=False)
-    kernel = hmc.HMC(num_steps=4)
     with pytest.warns(RuntimeWarning, match="differs from the eager one"):
         compiled = hmc.sample(compiled_differently, kernel=kernel, compile=True, **options)
     eager = hmc.sample(compiled_differently, kernel=kernel, compile=False, **options)

@@ -78,10 +78,11 @@ class Kernel(Protocol):
     #: whether a transition can outlast a call (NUTS): the driver then starts the kernel
     #: afresh (``init``) whenever the chains' transitions left change at a stop
     spans_calls: bool
-    #: whether every chain's trajectory of a transition integrates in one loop, compiled
-    #: whole with the energy when it compiles (:meth:`hmc.Potential.loop`); otherwise
-    #: the energy compiles alone
-    lockstep: bool
+    #: what the kernel compiles whole with the energy when it compiles
+    #: (:meth:`hmc.Potential.loop`): ``"transition"``, every chain's trajectory of a
+    #: transition in one loop; ``"trees"``, every chain's NUTS tree; None, nothing (the
+    #: energy compiles alone)
+    compiled_loop: str | None
 
     def init(self, state: State, first_transition: int = 0) -> NamedTuple:
         """Kernel state for chains at ``state`` (its arrays pick the engine), each to begin

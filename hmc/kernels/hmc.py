@@ -134,7 +134,7 @@ class HMC:
     reports_proposal = False
     #: whether every chain's trajectory of a transition integrates in one loop, which
     #: compiles whole with the energy (:meth:`hmc.Potential.loop`)
-    lockstep = True
+    compiled_loop = "transition"  # every chain's trajectory in one loop
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and (

@@ -44,7 +44,7 @@ import torch
 
 from hmc.arrays import zeros
 from hmc.integrators import leapfrog
-from hmc.kernels import nuts_host
+from hmc.kernels import nuts_compiled, nuts_host
 from hmc.kernels.base import Params, Phase, Step
 from hmc.kernels.nuts_rules import (
     leaf_error,
@@ -198,7 +198,7 @@ class NUTS:
 
     stat_names = NUTSInfo._fields
     spans_calls = True
-    lockstep = False  # each chain's tree has its own length: the energy compiles alone
+    compiled_loop = "trees"  # compiling, a call runs every chain's tree (nuts_compiled)
 
     def __post_init__(self) -> None:
         depths = self._depths()
@@ -287,6 +287,17 @@ class NUTS:
         their draws and statistics, and the chains that moved (arrays of the run's
         engine).
         """
+        if potential.compiles_loops:
+            at_draws = nuts_compiled.boundary(kernel_state)
+            if at_draws is None:  # drain: the chains in flight end, none starts anew
+                phase = phase._replace(left=phase.left * 0)
+            else:
+                compiled = nuts_compiled.transitions(self, at_draws, params, potential, keys, phase)
+                if compiled is not None:
+                    return compiled
+                kernel_state = at_draws
+        if isinstance(kernel_state, nuts_compiled.CompiledNUTSState):  # eager from here
+            kernel_state = self._at(kernel_state.state, kernel_state.transition.tolist())
         if isinstance(kernel_state, nuts_host.HostNUTSState):
             return self._host_step(kernel_state, params, potential, keys, phase)
         kernel_state, done = self._tick(kernel_state, params, potential, keys, phase)
@@ -308,15 +319,8 @@ class NUTS:
         ``(keys[c], counter[c])``, so successive calls need successive counters. Returns
         the new states and statistics, in the arrays of ``state``.
         """
-        kernel_state = self.init(state)
         first = [int(t) for t in counter.tolist()]
-        if isinstance(kernel_state, nuts_host.HostNUTSState):
-            for chain, t in zip(kernel_state.chains, first, strict=True):
-                chain.transition = t
-        else:
-            kernel_state = kernel_state._replace(
-                transition=torch.as_tensor(first, device=kernel_state.transition.device)
-            )
+        kernel_state = self._at(state, first)
         result: tuple[State, NUTSInfo] | None = None
         pending = len(first)
         one_left = zeros(state.potential, (pending,), "int") + 1
@@ -329,10 +333,23 @@ class NUTS:
                 phase = phase._replace(left=phase.left - step.done * 1)
             if step.finished is not None:
                 pending -= step.finished.size
+            elif isinstance(kernel_state, nuts_compiled.CompiledNUTSState):
+                pending = 0  # a compiled call ends every chain's transition
             else:  # one read per tick: the readout, whose last entry counts the busy chains
                 values = kernel_state.readout.tolist()
                 kernel_state, pending = self.with_readout(kernel_state, values), values[-1]
         return result
+
+    def _at(self, state: State, transitions: list[int]) -> NUTSState | nuts_host.HostNUTSState:
+        """Kernel state for chains at ``state``, chain ``c`` to begin its transition
+        number ``transitions[c]``."""
+        kernel_state = self.init(state)
+        if isinstance(kernel_state, nuts_host.HostNUTSState):
+            for chain, t in zip(kernel_state.chains, transitions, strict=True):
+                chain.transition = t
+            return kernel_state
+        device = kernel_state.transition.device
+        return kernel_state._replace(transition=torch.as_tensor(transitions, device=device))
 
     def _host_step(
         self,
