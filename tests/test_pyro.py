@@ -134,6 +134,38 @@ def test_log_prob_is_pyros_potential(case, float64_default):
         torch.testing.assert_close(ours_grad, theirs_grad, atol=1e-10, rtol=0)
 
 
+def test_the_models_number_constants_follow_the_sampling_dtype():
+    """``dist.HalfCauchy(5.0)`` makes a float32 scale under torch's default dtype (and casts
+    the value to it); the adapter's float64 density is the float64 one to 1e-10: the
+    eight schools written out by hand, constants included."""
+    assert torch.get_default_dtype() == torch.float32
+    y, sigma = eight_schools_data()
+    model = hmc.from_pyro(eight_schools, y, sigma)
+    half_log_2pi = 0.5 * np.log(2 * np.pi)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(5):
+        q = 2 * torch.rand(10, generator=g, dtype=F64) - 1
+        mu, log_tau, z = q[0], q[1], q[2:]
+        tau = log_tau.exp()
+        theta = mu + tau * z
+        by_hand = (
+            -0.5 * (mu / 5) ** 2 - np.log(5) - half_log_2pi
+            + np.log(2 / (np.pi * 5)) - torch.log1p((tau / 5) ** 2) + log_tau
+            - 0.5 * (z**2).sum() - 8 * half_log_2pi
+            - 0.5 * (((y - theta) / sigma) ** 2).sum() - sigma.log().sum() - 8 * half_log_2pi
+        )  # fmt: skip
+        torch.testing.assert_close(model.log_prob(q), by_hand, atol=1e-10, rtol=0)
+
+
+def test_the_docstring_example_runs():
+    import doctest
+
+    import hmc.pyro
+
+    results = doctest.testmod(hmc.pyro)
+    assert results.attempted > 0 and results.failed == 0
+
+
 def test_traced_graph_matches_pyros_handlers_in_float32():
     """The graph traced per dtype against the handler it was traced from (the oracle),
     in float32 (a second graph) and float64."""
