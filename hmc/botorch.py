@@ -71,12 +71,13 @@ def fit_fully_bayesian_model_hmc(
 
     Parameters
     ----------
-    model : ``SaasFullyBayesianSingleTaskGP`` (or another
-        ``AbstractFullyBayesianSingleTaskGP``, or ``SaasFullyBayesianMultiTaskGP``)
+    model : BoTorch model
+        A ``SaasFullyBayesianSingleTaskGP``, another ``AbstractFullyBayesianSingleTaskGP``
+        or a ``SaasFullyBayesianMultiTaskGP``.
     max_tree_depth : NUTS's maximum tree depth.
     warmup_steps, num_samples : warmup iterations and kept draws per chain.
-    thinning : every ``thinning``-th draw is loaded into the model: ``num_samples /
-        thinning`` per chain (16 by default), the model's batch of GPs.
+    thinning : every ``thinning``-th draw is loaded into the model, ``num_samples``
+        divided by ``thinning`` per chain (16 by default): the model's batch of GPs.
     chains : chains, run batched; their thinned draws are loaded one chain after another.
     seed, compile, progress : as in :func:`hmc.sample`.
 

@@ -61,6 +61,24 @@ def test_the_draws_are_loaded_thinned_as_botorch_loads_them():
     )
 
 
+@pytest.mark.slow
+def test_the_multi_task_saas_model_fits_through_the_same_path():
+    """The multi-task SAAS GP (its task embedding a latent site too) fits and predicts:
+    a batch of 8 GPs, finite predictions. Its draws are not compared with BoTorch's."""
+    from botorch.models import SaasFullyBayesianMultiTaskGP
+
+    X, Y, test_X = small_problem()
+    task = torch.tensor([0.0, 1.0] * 5, dtype=F64).unsqueeze(-1)
+    gp = SaasFullyBayesianMultiTaskGP(torch.cat([X, task], -1), Y, task_feature=-1)
+    dt = hmc.botorch.fit_fully_bayesian_model_hmc(
+        gp, warmup_steps=60, num_samples=32, thinning=4, compile=False
+    )
+    assert "latent_features" in dt["posterior"]
+    with torch.no_grad():
+        mean = gp.posterior(torch.cat([test_X, torch.zeros(5, 1, dtype=F64)], -1)).mean
+    assert mean.shape == (8, 5, 1) and torch.isfinite(mean).all()
+
+
 def test_refusals():
     with pytest.raises(TypeError, match="fully Bayesian BoTorch model"):
         hmc.botorch.fit_fully_bayesian_model_hmc(object())
