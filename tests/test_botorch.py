@@ -92,6 +92,12 @@ def test_without_botorch_the_error_names_the_extra(monkeypatch):
         hmc.botorch.fit_fully_bayesian_model_hmc(object())
 
 
+def test_a_numpyro_botorch_is_refused_naming_the_version(monkeypatch):
+    monkeypatch.setattr(hmc.botorch.metadata, "version", lambda name: "0.18.1")
+    with pytest.raises(ImportError, match=r"BoTorch 0\.18\.1 writes its fully Bayesian models"):
+        hmc.botorch.fit_fully_bayesian_model_hmc(object())
+
+
 def per_draw_predictions(gp, test_X) -> np.ndarray:
     """``(1, S, 3 n)``: each loaded GP's predictive mean, variance and squared mean at the
     ``n`` test points (their averages give the mixture's mean and variance)."""

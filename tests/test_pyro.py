@@ -157,6 +157,24 @@ def test_the_models_number_constants_follow_the_sampling_dtype():
         torch.testing.assert_close(model.log_prob(q), by_hand, atol=1e-10, rtol=0)
 
 
+def test_a_model_mixing_float64_data_and_number_priors_traces_in_the_datas_dtype():
+    """``x @ beta`` with float64 ``x`` and ``beta ~ Normal(0.0, 1.0)``: under a float32
+    default the trace would meet a float32 ``beta``; it runs in the data's dtype."""
+    assert torch.get_default_dtype() == torch.float32
+    x = torch.randn(6, 3, dtype=F64)
+
+    def regression(x):
+        with pyro.plate("predictor", 3):
+            beta = pyro.sample("beta", dist.Normal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(x @ beta, 1.0), obs=torch.zeros(6, dtype=F64))
+
+    model = hmc.from_pyro(regression, x)
+    q = torch.tensor([0.1, -0.2, 0.3], dtype=F64)
+    normal = torch.distributions.Normal(0.0, 1.0)
+    expected = normal.log_prob(q).sum() + normal.log_prob(-(x @ q)).sum()
+    torch.testing.assert_close(model.log_prob(q), expected, atol=1e-12, rtol=0)
+
+
 def test_the_docstring_example_runs():
     import doctest
 
@@ -334,3 +352,19 @@ def test_eight_schools_matches_posteriordb_compiled_whole():
     for check in checks:
         assert check.ess_bulk > 100 and check.rhat < 1.05, check
         assert abs(check.mean_z) < bound and abs(check.sd_z) < bound, check
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["chees", "hmc"])
+def test_the_compiled_lockstep_path_captures_a_pyro_model_whole(kernel):
+    """ChEES and static HMC compile their whole transition; with a Pyro model that is one
+    graph too (a fallback would warn, and the run would record ``compiled == 0``)."""
+    model = hmc.from_pyro(eight_schools, *eight_schools_data())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dt = hmc.sample(
+            model, chains=16, warmup=200, draws=100, kernel=kernel, seed=2, progress=False,
+            compile=True,
+        )  # fmt: skip
+    assert dt.attrs["compiled"] == 1
+    assert np.isfinite(dt["posterior"]["theta"].values).all()
