@@ -1,7 +1,8 @@
 """Pyro models as :class:`hmc.Model`: ``hmc.sample(hmc.from_pyro(model, *args))``.
 
 :func:`from_pyro` runs the Pyro model once under ``pyro.poutine.trace`` (with the global
-torch random state saved and restored) to learn its sites:
+torch random state saved and restored, and torch's default dtype that of the first
+floating-point tensor among the arguments, float64 without one) to learn its sites:
 
 - each latent (unobserved) sample site becomes an :class:`hmc.Param` of the site value's
   shape with the site's support, mapped to the reals by :func:`hmc.parameters.param_transform`,
@@ -246,7 +247,11 @@ def _trace_sites(model: Callable, args: tuple, kwargs: dict) -> _Sites:
     from pyro import poutine
     from pyro.poutine.util import site_is_subsample
 
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with (
+        torch.random.fork_rng(devices=[]),
+        torch.no_grad(),
+        _default_dtype(_data_dtype(args, kwargs)),
+    ):
         trace = poutine.trace(model).get_trace(*args, **kwargs)
     latent: dict[str, Param] = {}
     values: dict[str, torch.Tensor] = {}
@@ -280,6 +285,16 @@ def _trace_sites(model: Callable, args: tuple, kwargs: dict) -> _Sites:
             "observed or deterministic)"
         )
     return _Sites(latent, values, deterministic, observed, dims)
+
+
+def _data_dtype(args: tuple, kwargs: dict) -> torch.dtype:
+    """The dtype to trace the model in: that of its first floating-point tensor argument
+    (so that ``x @ beta`` meets a ``beta`` of ``x``'s dtype), float64 (the sampler's
+    default) without one."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.dtype
+    return torch.float64
 
 
 def _latent_param(name: str, site: Any) -> Param:
