@@ -73,6 +73,16 @@ def constrained(choices):
     pyro.factor("shrink", -0.5 * (rate.log() ** 2).sum() - p * u)
 
 
+def scaled_and_masked(y):
+    """Sites under ``poutine.scale`` and ``poutine.mask`` (half the observations out)."""
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.poutine.scale(scale=3.0):
+        sigma = pyro.sample("sigma", dist.LogNormal(0.0, 1.0))
+    keep = torch.arange(len(y)) % 2 == 0
+    with pyro.plate("obs", len(y)), pyro.poutine.mask(mask=keep):
+        pyro.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
 def eight_schools_data():
     return torch.tensor(EIGHT_Y, dtype=F64), torch.tensor(EIGHT_SIGMA, dtype=F64)
 
@@ -111,6 +121,7 @@ CASES = {
     "eight_schools": (eight_schools, eight_schools_data),
     "logistic_regression": (logistic_regression, logistic_data),
     "constrained": (constrained, lambda: (CHOICES,)),
+    "scaled_and_masked": (scaled_and_masked, lambda: (torch.linspace(-1, 2, 6, dtype=F64),)),
 }
 
 
