@@ -73,7 +73,7 @@ nb_merge_streams = True
 
 # Submodules whose public names are documented after hmc.__all__ (names already listed
 # there are not repeated).
-API_SUBMODULES = ["hmc.autodiff", "hmc.adapt", "hmc.distributed"]
+API_SUBMODULES = ["hmc.autodiff", "hmc.adapt", "hmc.distributed", "hmc.botorch"]
 
 
 def copy_notebooks() -> list[str]:

@@ -4,7 +4,8 @@
 returns an ArviZ ``DataTree``. The pieces it is built from (the energy module, the memo
 cache, states, metrics, the leapfrog integrator, kernels, adaptation) are public too, with
 named constrained models (``Model``, ``Param``), built-in posteriordb models (``models``)
-and gradient reuse through a shared inner function (``shared_inner_grads``).
+gradient reuse through a shared inner function (``shared_inner_grads``) and Pyro models
+(``from_pyro``; Pyro itself is imported only when it is called).
 """
 
 from hmc import models
@@ -16,6 +17,7 @@ from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
 from hmc.nested_rhat import nested_rhat
 from hmc.parameters import Model, Param
 from hmc.potential import Potential
+from hmc.pyro import from_pyro
 from hmc.sampler import resume, sample
 from hmc.state import State
 
@@ -34,6 +36,7 @@ __all__ = [
     "Potential",
     "State",
     "__version__",
+    "from_pyro",
     "leapfrog",
     "metric_from_inverse",
     "models",

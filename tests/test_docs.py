@@ -49,7 +49,15 @@ def test_docs_build_with_warnings_as_errors(tmp_path):
     output = f"{result.stdout}\n{result.stderr}"
     assert result.returncode == 0, f"sphinx-build failed:\n{failure_report(output)}"
 
-    for page in ("index", "getting-started", "how-it-works", "from-other-libraries", "api"):
+    for page in (
+        "index",
+        "getting-started",
+        "how-it-works",
+        "from-other-libraries",
+        "pyro",
+        "botorch",
+        "api",
+    ):
         assert (html / f"{page}.html").is_file(), page
     api = (html / "api.html").read_text()
     for name in hmc.__all__:
