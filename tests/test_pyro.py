@@ -257,6 +257,7 @@ def test_sites_land_in_the_datatree_with_their_names_shapes_and_plates():
     np.testing.assert_allclose(loglik.values, expected.numpy(), rtol=1e-12)
 
 
+@pytest.mark.slow  # 16 s
 def test_constrained_sites_stay_in_their_supports_with_the_right_moments():
     """A model with a positive vector, a unit interval, a simplex (observed through a
     categorical) and an interval site. ``w``'s posterior is Dirichlet(2 + 3, 3 + 5, 4 + 9):
