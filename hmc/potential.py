@@ -435,8 +435,10 @@ class Potential:
                     try:
                         single = self.log_prob(probe[:1].detach().requires_grad_(True))
                     except (RuntimeError, ValueError, ArithmeticError):
-                        return True
-                    self._check_output(probe[:1], single)
+                        single = None
+                    if single is not None:
+                        self._check_output(probe[:1], single)
+                    _check_rows_apart(probe, out)
                 return True
         return False
 
@@ -644,3 +646,25 @@ def _cache_used() -> bool:
 
     graphs = os.path.join(cache_dir(), "fxgraph")
     return os.path.isdir(graphs) and bool(os.listdir(graphs))
+
+
+def _check_rows_apart(q: torch.Tensor, out: torch.Tensor) -> None:
+    """Raise if a batched ``log_prob``'s value ``out[0]`` at the rows ``q`` ``(C, D)``
+    depends on another row (chains must not see each other: the gradient of the summed
+    batch would mix them). Rows evaluated apart give exact zeros there."""
+    if not torch.isfinite(out[0]):
+        return
+    try:
+        (grad,) = torch.autograd.grad(out[0], q, allow_unused=True)
+    except RuntimeError:  # a backward that fails (the density's own trouble) shows nothing
+        return
+    if grad is None:
+        return
+    others = grad[1:]
+    coupled = (torch.isfinite(others) & (others != 0)).any(1).nonzero().flatten()
+    if coupled.numel():
+        raise ValueError(
+            f"log_prob(q)[0] depends on row {int(coupled[0]) + 1} of q: with batched=True "
+            "each row of q is one chain's position and must be evaluated on its own "
+            "(no sums, means or normalisations across rows)"
+        )

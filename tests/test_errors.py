@@ -291,6 +291,14 @@ def test_a_batched_output_that_only_looks_like_a_batch_is_named():
         run(lambda q: -0.5 * (q**2).sum(0), batched=True)
 
 
+def test_a_batched_log_prob_whose_rows_see_each_other_is_refused():
+    """Centring the batch couples the chains (each one's gradient would mix in the
+    others'): refused before sampling, naming the row; rows evaluated apart pass."""
+    with pytest.raises(ValueError, match=r"log_prob\(q\)\[0\] depends on row 1 of q"):
+        run(lambda q: -0.5 * ((q - q.mean(0)) ** 2).sum(1), batched=True)
+    run(lambda q: -0.5 * (q**2).sum(1) - 0.0 * q[:, 0].clamp(max=0), batched=True)
+
+
 def test_a_density_that_writes_to_its_input_is_named():
     def in_place(q):
         q.mul_(1.0)
