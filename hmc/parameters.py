@@ -72,6 +72,15 @@ Values = Mapping[str, torch.Tensor]
 _CHUNK = 1024  # draws per vmap call when evaluating derived quantities and log-likelihoods
 
 
+def check_name(name: Any, what: str) -> None:
+    """Raise naming ``what`` unless ``name`` can name a variable of the DataTree: a
+    non-empty string, not ``.`` or ``..`` and without ``/`` (DataTree's paths)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{what} names must be non-empty strings, got {name!r}")
+    if name in (".", "..") or "/" in name:
+        raise ValueError(f"{what} name {name!r} is a DataTree path: use another name")
+
+
 # ====================================================================== constraints
 class _OrderedVector(Constraint):
     """Vectors whose entries strictly increase along the last axis (Stan's ``ordered``)."""
@@ -559,8 +568,7 @@ class Model:
     def _layout(params: Mapping[str, Param | Distribution]) -> list[_Slot]:
         slots, start = [], 0
         for name, spec in params.items():
-            if not isinstance(name, str) or not name:
-                raise TypeError(f"parameter names must be non-empty strings, got {name!r}")
+            check_name(name, "parameter")
             prior = None
             if isinstance(spec, Distribution):
                 prior = spec
@@ -838,6 +846,9 @@ class Model:
             out = fn(_ReadRecorder(self._constrain(row)[0], what))
             if not isinstance(out, Mapping):
                 raise TypeError(f"{what} must return a dict name -> tensor, got {type(out)}")
+            for name in out:
+                check_name(name, f"{what}'s value")
+
             return {k: torch.as_tensor(v) for k, v in out.items()}
 
         parts: list[dict[str, torch.Tensor]] = []

@@ -205,3 +205,60 @@ def test_model_samples_finite_draws_or_raises_a_documented_error(
             return
     event("sampled")
     finite_output(dt)
+
+
+#: names a careless user might give a variable or a dimension: ArviZ's own dimensions,
+#: the default dimension names, separators of DataTree paths, empty, non-ASCII
+NAMES = st.one_of(
+    st.sampled_from(["a", "b", "chain", "draw", "a_dim_0", "b_dim_0", "x/y", "", "école", "a.b"]),
+    st.text(alphabet="ab_/. 0", min_size=0, max_size=4),
+)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(
+    names=st.lists(NAMES, min_size=1, max_size=3),
+    shapes=st.lists(st.lists(st.integers(1, 3), max_size=2), min_size=3, max_size=3),
+    derived_name=st.one_of(st.none(), NAMES),
+    labels=st.one_of(st.none(), st.lists(NAMES, max_size=3)),
+    coord_length=st.integers(0, 4),
+)
+def test_output_settings_keep_every_variable_or_are_refused_before_sampling(
+    names, shapes, derived_name, labels, coord_length
+):
+    """Random names, derived quantities, dims and coords: either every declared variable is
+    in the posterior with its shape, its dims and coords, or a documented error comes
+    before sampling (``log_prob`` evaluated only at the initial points)."""
+    params = {name: hmc.Param(tuple(shape)) for name, shape in zip(names, shapes, strict=False)}
+    first = next(iter(params))
+    calls = {"n": 0}
+
+    def log_prob(p):
+        calls["n"] += 1
+        return sum(-0.5 * (value**2).sum() for value in p.values())
+
+    derived = None if derived_name is None else (lambda p: {derived_name: 2 * p[first]})
+    dims = {} if labels is None else {first: labels}
+    coords = {labels[0]: list(range(coord_length))} if labels else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            model = hmc.Model(log_prob, params, derived=derived, dims=dims, coords=coords)
+            dt = hmc.sample(
+                model, chains=1, warmup=10, draws=10, kernel=hmc.HMC(num_steps=3), seed=1,
+                progress=False, compile=False,
+            )  # fmt: skip
+        except (*DOCUMENTED, KeyError) as error:
+            event(f"refused: {type(error).__name__}")
+            assert calls["n"] <= 10, f"refused after {calls['n']} evaluations: {error}"
+            return
+    event("sampled")
+    posterior = dt["posterior"]
+    for name, param in params.items():
+        assert posterior[name].shape == (1, 10, *param.shape), name
+    if derived_name is not None:
+        assert posterior[derived_name].shape == posterior[first].shape
+    if labels:
+        assert list(posterior[first].dims[2:]) == labels
+        if len(labels) and coord_length == posterior[first].shape[2]:
+            assert posterior[first][labels[0]].values.tolist() == list(range(coord_length))
