@@ -78,7 +78,10 @@ def check_name(name: Any, what: str) -> None:
     if not isinstance(name, str) or not name:
         raise TypeError(f"{what} names must be non-empty strings, got {name!r}")
     if name in (".", "..") or "/" in name:
-        raise ValueError(f"{what} name {name!r} is a DataTree path: use another name")
+        raise ValueError(
+            f"{what} name {name!r} cannot name a DataTree variable ('.', '..' and names "
+            "with '/' are paths): use another name"
+        )
 
 
 # ====================================================================== constraints
