@@ -145,7 +145,14 @@ class NetcdfStore:
         if not os.path.exists(self.path):
             raise ValueError(f"store={self.path!r} is missing: it held the draws so far")
         sums: dict[str, np.ndarray] = {}
-        with h5py.File(self.path, "a") as file:
+        try:
+            file = h5py.File(self.path, "a")
+        except OSError as error:  # a kill while a chunk was being written, say
+            raise ValueError(
+                f"store={self.path!r} cannot be read ({error}): it held the draws so far, "
+                "so the run cannot go on from its checkpoint; start it afresh"
+            ) from None
+        with file:
             found = file.attrs.get(RUN)
             if (found.decode() if isinstance(found, bytes) else found) != self.run:
                 raise ValueError(

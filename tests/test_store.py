@@ -305,3 +305,16 @@ def test_a_resume_refuses_a_store_file_of_another_run(small_chunks, tmp_path):
     store.write_bytes(other.read_bytes())  # another run's file where this run's was
     with pytest.raises(ValueError, match="holds another run's draws"):
         hmc.resume(tmp_path / "1.ckpt", standard_normal)
+
+
+def test_a_resume_beside_an_unreadable_store_file_names_it(small_chunks, tmp_path):
+    """A kill while a chunk is written can leave the file unreadable: the resume says so,
+    naming the file, rather than failing inside h5py."""
+    options = dict(dim=2, chains=2, warmup=20, draws=40, progress=False, batched=True)
+    options.update(kernel=hmc.HMC(num_steps=2), compile=False, checkpoint_every=20)
+    store = tmp_path / "run.nc"
+    checkpoint = tmp_path / "run.ckpt"
+    hmc.sample(standard_normal, seed=1, store=store, checkpoint=checkpoint, **options).close()
+    store.write_bytes(store.read_bytes()[:1000])  # cut short
+    with pytest.raises(ValueError, match=r"store='.*run.nc' cannot be read"):
+        hmc.resume(checkpoint, standard_normal)
