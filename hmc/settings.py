@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from hmc.adapt.low_rank import LowRank
 from hmc.arrays import engine_for
 from hmc.atomic import check_writable_file
 from hmc.kernels.base import Kernel
@@ -43,7 +44,7 @@ __all__ = [
     "validate",
 ]
 
-METRICS = ("identity", "diag", "dense")
+METRICS = ("identity", "diag", "dense", "low-rank")
 #: warmup adaptations: each chain on its own (Stan's) or all chains pooled
 #: (:mod:`hmc.adapt.ensemble`)
 ADAPTATIONS = ("stan", "ensemble")
@@ -68,7 +69,8 @@ class Settings(NamedTuple):
     ``"auto"``: decided during the run, :func:`compile_decision_at`), the warmup adaptation's
     name (by default ``"ensemble"`` for ChEES), the number of warmup iterations and the
     target acceptance statistic (by default Stan's 0.8, or :data:`CHEES_TARGET_ACCEPT`
-    for ChEES)."""
+    for ChEES), and for ``metric="low-rank"`` its options (:class:`hmc.LowRank`; None
+    for the other metrics)."""
 
     kernel: Kernel
     metric: str
@@ -80,6 +82,7 @@ class Settings(NamedTuple):
     adapt: str
     warmup: int
     target_accept: float
+    low_rank: LowRank | None = None
 
 
 def _is_int(value: Any) -> bool:
@@ -110,9 +113,7 @@ def validate(**kw: Any) -> Settings:
         )
     adapt = _adaptation(kw["adapt"], kernel)
     warmup = kw["warmup"]
-    metric = kw["metric"]
-    if not isinstance(metric, str) or metric.lower() not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    metric, low_rank = _metric(kw["metric"])
     target_accept = kw["target_accept"]
     if target_accept is None:
         target_accept = CHEES_TARGET_ACCEPT if isinstance(kernel, ChEES) else 0.8
@@ -158,7 +159,7 @@ def validate(**kw: Any) -> Settings:
     device = _device(kw["device"])
     return Settings(
         kernel,
-        metric.lower(),
+        metric,
         int(seed),
         progress if callable(progress) else bool(progress),
         device,
@@ -167,7 +168,19 @@ def validate(**kw: Any) -> Settings:
         adapt,
         warmup,
         float(target_accept),
+        low_rank,
     )
+
+
+def _metric(metric: Any) -> tuple[str, LowRank | None]:
+    """The metric's name (lower case) and, for the low-rank metric, its options: a name
+    in :data:`METRICS` or an :class:`hmc.LowRank`."""
+    if isinstance(metric, LowRank):
+        return "low-rank", metric
+    if not isinstance(metric, str) or metric.lower() not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS} or an hmc.LowRank, got {metric!r}")
+    metric = metric.lower()
+    return metric, LowRank() if metric == "low-rank" else None
 
 
 def compile_decision_at(adapt: str, warmup: int, draws: int) -> int:
