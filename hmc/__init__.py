@@ -8,11 +8,12 @@ and gradient reuse through a shared inner function (``shared_inner_grads``).
 """
 
 from hmc import models
+from hmc.adapt.low_rank import LowRank
 from hmc.autodiff import shared_inner_grads, tempered_value_and_grad
 from hmc.integrators import leapfrog
 from hmc.kernels import HMC, NUTS, ChEES, Params
 from hmc.memo import MemoCache
-from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
+from hmc.metric import DenseMetric, DiagonalMetric, LowRankMetric, metric_from_inverse
 from hmc.nested_rhat import nested_rhat
 from hmc.parameters import Model, Param
 from hmc.potential import Potential
@@ -27,6 +28,8 @@ __all__ = [
     "ChEES",
     "DenseMetric",
     "DiagonalMetric",
+    "LowRank",
+    "LowRankMetric",
     "MemoCache",
     "Model",
     "Param",

@@ -1,0 +1,296 @@
+"""The low-rank plus diagonal metric (``metric="low-rank"``): its operations against a dense
+oracle, its construction against exact answers and a full-space oracle, its adaptation
+in both warmups and for every kernel, its storage, and draws from the right distribution.
+
+The oracles are slow and obviously correct: the full ``D x D`` inverse metric built from
+the record's fields term by term (its operations then those of
+:class:`hmc.metric.DenseMetric`), and the construction done in the full space, rooted at
+the other matrix, instead of in the subspace of the draws.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hmc
+from hmc.adapt.low_rank import (
+    VALUE_FLOOR,
+    LowRank,
+    low_rank_from_dense,
+    low_rank_metric,
+    window_add,
+    window_init,
+)
+from hmc.arrays import as_arrays
+from hmc.metric import (
+    DenseMetric,
+    LowRankMetric,
+    inverse_diagonal,
+    kinetic_energy_and_velocity,
+    metric_from_fields,
+    metric_from_inverse,
+)
+
+F64 = torch.float64
+
+
+# ---------------------------------------------------------------------- oracles
+def dense_oracle(metric: LowRankMetric) -> torch.Tensor:
+    """``(C, D, D)``: ``diag(s) (I + sum_j (values_j - 1) u_j u_j^T) diag(s)``, term by term
+    in float64."""
+    scale, vectors, values = (torch.as_tensor(x).to(F64) for x in metric)
+    chains, dim, rank = vectors.shape
+    out = torch.zeros(chains, dim, dim, dtype=F64)
+    for c in range(chains):
+        whitened = torch.eye(dim, dtype=F64)
+        for j in range(rank):
+            u = vectors[c, :, j]
+            whitened = whitened + (values[c, j] - 1.0) * torch.outer(u, u)
+        out[c] = torch.diag(scale[c]) @ whitened @ torch.diag(scale[c])
+    return out
+
+
+def spd_root(m: np.ndarray, power: float = 0.5) -> np.ndarray:
+    """``m ** power`` of a symmetric positive definite matrix, through its eigenvalues."""
+    values, vectors = np.linalg.eigh(0.5 * (m + m.T))
+    return (vectors * values**power) @ vectors.T
+
+
+def construction_oracle(x: np.ndarray, g: np.ndarray, gamma: float) -> tuple:
+    """One window ``(n, D)`` of draws and gradients: the whitening scale, the whitened
+    inverse metric ``(D, D)`` in the full space, ``A # B^-1 =
+    A^1/2 (A^-1/2 B^-1 A^-1/2)^1/2 A^1/2`` (rooted at ``A``, where the package roots at
+    ``B`` and works in the subspace), and ``A``, ``B``."""
+    xc, gc = x - x.mean(0), g - g.mean(0)
+    scale = (xc.var(0) / gc.var(0)) ** 0.25
+    y, h = xc / scale, gc * scale
+    eye = np.eye(x.shape[1])
+    a, b = y.T @ y / gamma + eye, h.T @ h / gamma + eye
+    a_root, a_inverse_root = spd_root(a), spd_root(a, -0.5)
+    inner = spd_root(a_inverse_root @ np.linalg.inv(b) @ a_inverse_root)
+    return scale, a_root @ inner @ a_root, a, b
+
+
+def random_low_rank(chains: int, dim: int, rank: int, unused: int, seed: int, dtype=F64):
+    """A record with orthonormal vectors, values spread over 1e-3..1e3, and ``unused``
+    empty slots per chain."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.linalg.qr(torch.randn(chains, dim, rank, generator=generator, dtype=F64)).Q
+    values = torch.exp(torch.empty(chains, rank, dtype=F64).uniform_(-7, 7, generator=generator))
+    values[:, rank - unused :] = 1.0
+    q[:, :, rank - unused :] = 0.0
+    scale = torch.exp(torch.randn(chains, dim, generator=generator, dtype=F64))
+    return LowRankMetric(scale.to(dtype), q.to(dtype), values.to(dtype))
+
+
+def rotated_gaussian(dim: int, condition: float, seed: int) -> np.ndarray:
+    """A covariance with eigenvalues log-spaced over ``condition``, randomly rotated."""
+    rng = np.random.default_rng(seed)
+    rotation = np.linalg.qr(rng.standard_normal((dim, dim)))[0]
+    eigenvalues = np.logspace(-0.5, 0.5, dim) ** np.log10(condition)
+    return rotation @ np.diag(eigenvalues) @ rotation.T
+
+
+# ---------------------------------------------------------------------- the record
+def test_operations_equal_the_dense_oracle():
+    """Velocity, kinetic energy, momentum draw (its covariance is M) and the diagonal, for
+    3 chains in 7 dimensions with 4 slots (one unused), to 1e-12 in float64."""
+    metric = random_low_rank(3, 7, 4, unused=1, seed=0)
+    inverse = dense_oracle(metric)
+    dense = metric_from_inverse(inverse)
+    p = torch.randn(3, 7, dtype=F64, generator=torch.Generator().manual_seed(1))
+    kinetic, velocity = kinetic_energy_and_velocity(metric, p)
+    dense_kinetic, dense_velocity = kinetic_energy_and_velocity(dense, p)
+    torch.testing.assert_close(velocity, dense_velocity, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(metric.velocity(p), dense_velocity, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(kinetic, dense_kinetic, rtol=1e-12, atol=0)
+    torch.testing.assert_close(metric.kinetic_energy(p), dense_kinetic, rtol=1e-12, atol=0)
+    # momenta G z with G G^T = M = inverse^-1: the columns of G from unit noise
+    eye = torch.eye(7, dtype=F64)
+    columns = torch.stack([metric.momentum(eye[i].expand(3, 7)) for i in range(7)], -1)
+    mass = columns @ columns.mT
+    torch.testing.assert_close(mass @ inverse, eye.expand(3, 7, 7), rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        inverse_diagonal(metric), inverse.diagonal(dim1=-2, dim2=-1), rtol=1e-12, atol=0
+    )
+
+
+def test_numpy_fields_give_the_same_operations():
+    """The NumPy engine applies the record to arrays (the host NUTS trees)."""
+    metric = random_low_rank(2, 5, 3, unused=0, seed=2)
+    arrays = as_arrays(metric)
+    p = torch.randn(2, 5, dtype=F64, generator=torch.Generator().manual_seed(3))
+    for name in ("velocity", "kinetic_energy", "momentum"):
+        ours = getattr(arrays, name)(p.numpy())
+        assert isinstance(ours, np.ndarray)
+        np.testing.assert_allclose(ours, getattr(metric, name)(p).numpy(), rtol=1e-13)
+    kinetic, velocity = kinetic_energy_and_velocity(arrays, p.numpy())
+    np.testing.assert_allclose(kinetic, metric.kinetic_energy(p).numpy(), rtol=1e-13)
+    np.testing.assert_allclose(velocity, metric.velocity(p).numpy(), rtol=1e-13)
+
+
+def test_float32_record_stays_positive_definite():
+    """With values at the floor and float32 fields (vectors orthonormal only to float32's
+    rounding), the kinetic energy of every momentum is positive and the record's matrix,
+    evaluated exactly from its float32 fields, is positive definite. (Applied as
+    ``diag(s)(I + U (values - 1) U^T)diag(s)`` it would not be: ``1 + (v - 1)|u|^2`` is
+    ``v`` minus float32's rounding of ``|u|^2``.)"""
+    metric = random_low_rank(64, 40, 8, unused=0, seed=4)
+    metric = metric._replace(values=metric.values.clamp(max=1.0) * 0 + VALUE_FLOOR)
+    metric = LowRankMetric(*(x.to(torch.float32) for x in metric))
+    p = metric.vectors[:, :, 0] / metric.scale  # along the smallest direction
+    assert (metric.kinetic_energy(p) > 0).all()
+    factor = torch.stack(
+        [metric.factor(torch.eye(40).expand(64, 40, 40)[:, i].contiguous()) for i in range(40)], -1
+    ).to(F64)
+    assert (torch.linalg.eigvalsh(factor @ factor.mT) > 0).all()
+
+
+def test_compiled_transition_picks_the_record_by_its_fields():
+    metric = random_low_rank(2, 3, 2, unused=0, seed=5)
+    assert isinstance(metric_from_fields(*metric), LowRankMetric)
+    dense = metric_from_inverse(dense_oracle(metric))
+    assert isinstance(metric_from_fields(*dense), DenseMetric)
+
+
+# ---------------------------------------------------------------------- the construction
+def gaussian_window(cov: np.ndarray, n: int, seed: int, chains: int = 1):
+    """``chains`` windows of ``n`` exact Gaussian draws and their gradients ``-P x``."""
+    rng = np.random.default_rng(seed)
+    x = rng.multivariate_normal(np.zeros(len(cov)), cov, size=(chains, n))
+    return torch.from_numpy(x), torch.from_numpy(-x @ np.linalg.inv(cov))
+
+
+def test_exact_for_a_gaussian_when_every_direction_is_kept():
+    """For exact Gaussian gradients the Fisher-divergence solution is the covariance
+    itself, whatever the sample (``Cov g = P Cov x P``, and ``Cov x # (P Cov x P)^-1 =
+    P^-1``): with a cutoff at 1 and room for every direction, the fitted inverse metric
+    equals the covariance up to the ridge."""
+    cov = rotated_gaussian(8, 1e3, seed=0)
+    x, g = gaussian_window(cov, 200, seed=1, chains=2)
+    options = LowRank(max_rank=8, cutoff=1.0 + 1e-12)
+    metric = low_rank_metric(x, g, torch.ones(2, 200, dtype=torch.bool), options)
+    assert metric.vectors.dtype == F64
+    fitted = dense_oracle(metric)
+    for c in range(2):
+        np.testing.assert_allclose(fitted[c].numpy(), cov, rtol=1e-6, atol=1e-6 * cov.max())
+
+
+def test_equals_the_full_space_oracle_with_fewer_draws_than_dimensions():
+    """30 dimensions, 12 draws: the subspace of the draws and gradients (24 directions)
+    holds the whole correction; the result equals the full-space construction's in every
+    direction, its eigenvalues are those of the oracle's outside ``[1/c, c]`` (here no
+    cap), and the scale is the oracle's. With every direction kept it solves the
+    defining equation ``S B S = A``."""
+    cov = rotated_gaussian(30, 1e2, seed=3)
+    x, g = gaussian_window(cov, 12, seed=4)
+    options = LowRank(max_rank=30, cutoff=2.0, gamma=1.0)  # A, B well conditioned
+    metric = low_rank_metric(x, g, torch.ones(1, 12, dtype=torch.bool), options)
+    scale, whitened, a, b = construction_oracle(x[0].numpy(), g[0].numpy(), options.gamma)
+    np.testing.assert_allclose(metric.scale[0].numpy(), scale, rtol=1e-10)
+    eigenvalues = np.linalg.eigvalsh(whitened)
+    outside = np.sort(eigenvalues[np.abs(np.log(eigenvalues)) > np.log(options.cutoff)])
+    kept = metric.values[0][metric.values[0] != 1.0].numpy()
+    np.testing.assert_allclose(np.sort(kept), outside, rtol=1e-8)
+    # the kept part: the oracle's matrix restricted to those eigenvectors
+    values, vectors = np.linalg.eigh(whitened)
+    chosen = np.abs(np.log(values)) > np.log(options.cutoff)
+    expected = np.eye(30) + (vectors[:, chosen] * (values[chosen] - 1)) @ vectors[:, chosen].T
+    ours = dense_oracle(metric)[0].numpy() / np.outer(scale, scale)
+    np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-8 * np.abs(expected).max())
+    every = low_rank_metric(x, g, torch.ones(1, 12, dtype=torch.bool), LowRank(30, 1 + 1e-12, 1.0))
+    solution = dense_oracle(every)[0].numpy() / np.outer(scale, scale)
+    np.testing.assert_allclose(solution @ b @ solution, a, rtol=0, atol=1e-10 * np.abs(a).max())
+
+
+def test_cutoff_and_cap_keep_the_directions_farthest_from_one():
+    """From a dense covariance whose whitened eigenvalues are known (unit diagonal:
+    a correlation matrix), the cutoff drops those inside ``[1/c, c]`` and the cap keeps
+    the ``k`` largest ``|log value|``."""
+    rng = np.random.default_rng(5)
+    rotation = np.linalg.qr(rng.standard_normal((6, 6)))[0]
+    # a correlation matrix: spectrum chosen, then the diagonal normalised back to 1 leaves
+    # it approximately; the test reads the exact whitened spectrum from the matrix
+    cov = rotation @ np.diag([9.0, 3.0, 1.5, 0.7, 0.3, 0.05]) @ rotation.T
+    scale = np.sqrt(np.diag(cov))
+    whitened = cov / np.outer(scale, scale)
+    spectrum = np.linalg.eigvalsh(whitened)
+    distance = np.abs(np.log(spectrum))
+    for cutoff, cap in ((2.0, 6), (2.0, 2), (1.2, 3), (50.0, 4)):
+        metric = low_rank_from_dense(torch.from_numpy(cov)[None], LowRank(cap, cutoff))
+        assert metric.values.shape == (1, min(cap, 6))
+        used = metric.values[0][metric.values[0] != 1.0].numpy()
+        outside = spectrum[distance > np.log(cutoff)]
+        expected = outside[np.argsort(-np.abs(np.log(outside)))][:cap]
+        np.testing.assert_allclose(np.sort(used), np.sort(expected), rtol=1e-10)
+        unused = metric.values[0] == 1.0
+        assert (metric.vectors[0][:, unused] == 0).all()
+
+
+def test_float32_draws_give_a_positive_definite_metric():
+    """Float32 draws and gradients of an ill-conditioned Gaussian (condition 1e6): the
+    construction runs in float64, and the metric cast back to float32 is positive
+    definite in every one of 32 windows (BlackJAX issue 956: float32 arithmetic made it
+    indefinite in most runs)."""
+    cov = rotated_gaussian(20, 1e6, seed=6)
+    x, g = gaussian_window(cov, 15, seed=7, chains=32)
+    kept = torch.ones(32, 15, dtype=torch.bool)
+    metric = low_rank_metric(x.float(), g.float(), kept, LowRank(max_rank=20))
+    metric = LowRankMetric(*(f.to(torch.float32) for f in metric))
+    assert (torch.linalg.eigvalsh(dense_oracle(metric)) > 0).all()
+    p = torch.randn(32, 20, generator=torch.Generator().manual_seed(8))
+    assert (metric.kinetic_energy(p) > 0).all()
+
+
+def test_rows_not_kept_are_ignored_and_a_flat_coordinate_is_floored():
+    """Rows outside the window change nothing; a coordinate that never moved (zero
+    variance) gets a scale floored relative to the others, never 0 or NaN."""
+    cov = rotated_gaussian(4, 10.0, seed=9)
+    x, g = gaussian_window(cov, 40, seed=10)
+    kept = torch.ones(1, 40, dtype=torch.bool)
+    reference = low_rank_metric(x[:, :30], g[:, :30], kept[:, :30], LowRank())
+    kept[:, 30:] = False
+    noisy = x.clone()
+    noisy[:, 30:] = 1e6
+    masked = low_rank_metric(noisy, g, kept, LowRank())
+    for a, b in zip(reference, masked, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    stuck = x.clone()
+    stuck[..., 0] = 0.5
+    metric = low_rank_metric(stuck, g, torch.ones(1, 40, dtype=torch.bool), LowRank())
+    assert all(torch.isfinite(f).all() for f in metric)
+    assert (metric.scale > 0).all() and (metric.values > 0).all()
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_window_writes_each_chain_into_its_slot(kind):
+    position = torch.arange(6, dtype=F64).reshape(3, 2)
+    like = position.numpy() if kind == "numpy" else position
+    window = window_init(like, 4)
+    mask = np.array([True, False, True])
+    slots = np.array([0, 3, 2])
+    if kind == "torch":
+        mask, slots = torch.from_numpy(mask), torch.from_numpy(slots)
+    window_add(window, like, -like, mask, slots)
+    assert window.kept.tolist() == [
+        [True, False, False, False],
+        [False] * 4,
+        [False, False, True, False],
+    ]
+    assert window.position[2, 2].tolist() == [4.0, 5.0]
+    assert window.gradient[0, 0].tolist() == [-0.0, -1.0]
+    assert (window.position[1] == 0).all()
+
+
+# ---------------------------------------------------------------------- settings
+def test_settings_are_checked_before_work():
+    with pytest.raises(ValueError, match="max_rank must be an integer >= 1"):
+        LowRank(max_rank=0)
+    with pytest.raises(ValueError, match="cutoff must be a finite number > 1"):
+        LowRank(cutoff=1.0)
+    with pytest.raises(ValueError, match="gamma must be a finite number > 0"):
+        LowRank(gamma=0.0)
+    with pytest.raises(ValueError, match=r"metric must be one of .* or an hmc\.LowRank"):
+        hmc.sample(lambda q: -(q**2).sum(), dim=2, metric="lowrank", progress=False)
