@@ -10,6 +10,9 @@ the other matrix, instead of in the subspace of the draws.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -25,6 +28,7 @@ from hmc.adapt.low_rank import (
     window_init,
 )
 from hmc.arrays import as_arrays
+from hmc.checkpoint import read_checkpoint
 from hmc.metric import (
     DenseMetric,
     LowRankMetric,
@@ -415,3 +419,138 @@ def test_a_posteriordb_posterior_matches_its_reference():
     for check in checks:
         assert abs(check.mean_z) < bound and abs(check.sd_z) < bound, check
         assert check.ess_bulk > 400, check
+
+
+# ---------------------------------------------------------------------- storage
+def correlated(q: torch.Tensor) -> torch.Tensor:
+    """A 4-D Gaussian with correlations 0.95 between neighbours' pairs (batched)."""
+    a, b = q[..., 0], q[..., 1]
+    return -0.5 * ((a - b) ** 2 / 0.1 + (a + b) ** 2 / 4 + q[..., 2] ** 2 + q[..., 3] ** 2 / 9)
+
+
+def same_run(a, b) -> None:
+    """Bit for bit: the draws, the statistics and the adapted metric's fields."""
+    np.testing.assert_array_equal(draws_of(a), draws_of(b))
+    for name in a["sample_stats"].data_vars:
+        np.testing.assert_array_equal(
+            a["sample_stats"][name].values, b["sample_stats"][name].values
+        )
+    for name in ("step_size", "inverse_metric", *LOW_RANK_VARIABLES):
+        np.testing.assert_array_equal(a["adaptation"][name].values, b["adaptation"][name].values)
+
+
+@pytest.mark.parametrize(
+    ("adapt", "engine", "stops"),
+    [
+        ("stan", "numpy", (120, 210)),
+        pytest.param("stan", "torch", (120,), marks=pytest.mark.slow),
+        ("ensemble", "numpy", (60, 130)),
+    ],
+)
+def test_a_run_interrupted_mid_window_resumes_to_the_uninterrupted_result(
+    adapt, engine, stops, tmp_path
+):
+    """Interrupted inside a slow window (its buffered draws and gradients in the
+    checkpoint) and while sampling, the run goes on to the uninterrupted one bit for bit;
+    the checkpoint holds the metric's fields."""
+    chains = 16 if adapt == "ensemble" else 3
+    settings = dict(
+        dim=4, chains=chains, warmup=200, draws=30, seed=5, batched=True, progress=False,
+        metric=LowRank(max_rank=3), adapt=adapt, engine=engine, checkpoint_every=10,
+    )  # fmt: skip
+    whole = hmc.sample(correlated, checkpoint=tmp_path / "whole.ckpt", **settings)
+    saved = read_checkpoint(tmp_path / "whole.ckpt")
+    assert [tuple(x.shape) for x in saved["low_rank_metric"]] == [
+        (chains, 4), (chains, 4, 3), (chains, 3),
+    ]  # fmt: skip
+    assert saved["settings"]["low_rank"] == {"max_rank": 3, "cutoff": 2.0, "gamma": 1e-5}
+    for stop_at in stops:
+        path = tmp_path / f"{stop_at}.ckpt"
+
+        calls = [0]
+
+        def interrupted(q, path=path, stop_at=stop_at, calls=calls):
+            calls[0] += 1  # the file read every 50 evaluations, not at each
+            checked = calls[0] % 50 == 0 and path.exists()
+            if checked and read_checkpoint(path)["iteration"] >= stop_at:
+                raise KeyboardInterrupt
+            return correlated(q)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with contextlib.suppress(KeyboardInterrupt):
+                hmc.sample(interrupted, checkpoint=path, **settings)
+        assert stop_at <= read_checkpoint(path)["iteration"] < 230
+        same_run(hmc.resume(path, correlated), whole)
+
+
+@pytest.fixture(scope="module")
+def previous():
+    """A low-rank run on the correlated Gaussian, 3 chains."""
+    return hmc.sample(
+        correlated, dim=4, chains=3, warmup=300, draws=50, seed=6, batched=True,
+        progress=False, metric="low-rank",
+    )  # fmt: skip
+
+
+def warm(previous, **kw):
+    settings = dict(dim=4, chains=3, warmup=0, draws=20, seed=7, batched=True, progress=False)
+    return hmc.sample(correlated, adapted_from=previous, **{**settings, **kw})
+
+
+def test_adapted_from_a_low_rank_run(previous, tmp_path):
+    """Without warmup a low-rank run reuses each chain's metric; a diagonal run takes its
+    matrix's diagonal, a dense run the matrix; another number of chains takes the chain
+    with the median step size; a run from a diagonal one starts at that diagonal, from a
+    dense one at its nearest low-rank metric (the same matrix, where every direction is
+    kept). (The other metrics diverge with the low-rank metric's step size: no matter.)"""
+    again = warm(previous, metric="low-rank")
+    assert not again["sample_stats"]["diverging"].values.any()
+    for name in ("step_size", *LOW_RANK_VARIABLES):
+        np.testing.assert_array_equal(
+            again["adaptation"][name].values, previous["adaptation"][name].values
+        )
+    warnings.simplefilter("ignore", RuntimeWarning)  # (the divergences of the others)
+    diagonal = warm(previous, metric="diag")
+    np.testing.assert_allclose(
+        diagonal["adaptation"]["inverse_metric"].values,
+        previous["adaptation"]["inverse_metric"].values,
+    )
+    dense = warm(previous, metric="dense")
+    np.testing.assert_allclose(
+        dense["adaptation"]["inverse_metric"].values, adapted_matrices(previous), rtol=1e-12
+    )
+    five = warm(previous, metric="low-rank", chains=5)
+    median = int(np.argsort(previous["adaptation"]["step_size"].values)[1])
+    for name in LOW_RANK_VARIABLES:
+        values = five["adaptation"][name].values
+        np.testing.assert_array_equal(
+            values, np.broadcast_to(previous["adaptation"][name].values[median], values.shape)
+        )
+    from_diagonal = warm(diagonal, metric="low-rank")
+    np.testing.assert_allclose(
+        from_diagonal["adaptation"]["metric_scale"].values ** 2,
+        diagonal["adaptation"]["inverse_metric"].values,
+    )
+    assert (from_diagonal["adaptation"]["metric_eigenvalues"].values == 1).all()
+    from_dense = warm(dense, metric=LowRank(cutoff=1 + 1e-9))
+    np.testing.assert_allclose(
+        adapted_matrices(from_dense), adapted_matrices(previous), rtol=1e-8, atol=1e-10
+    )
+
+
+@pytest.mark.slow  # a compile, 5-13 s
+def test_a_compiled_static_hmc_transition_gives_the_eager_draws(previous):
+    """The low-rank metric traced into the compiled lockstep transition: the same draws
+    as the eager one to rounding, from the same adapted metric."""
+    kernel = hmc.HMC(num_steps=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = warm(previous, metric="low-rank", kernel=kernel, compile=True, step_size=0.3)
+    eager = warm(previous, metric="low-rank", kernel=kernel, compile=False, step_size=0.3)
+    assert compiled.attrs["compiled"] == 1 and eager.attrs["compiled"] == 0
+    np.testing.assert_allclose(draws_of(compiled), draws_of(eager), atol=1e-10)
+    np.testing.assert_allclose(
+        compiled["sample_stats"]["energy"].values, eager["sample_stats"]["energy"].values,
+        rtol=1e-10,
+    )  # fmt: skip
