@@ -244,6 +244,13 @@ def test_float32_draws_give_a_positive_definite_metric():
     x, g = gaussian_window(cov, 15, seed=7, chains=32)
     kept = torch.ones(32, 15, dtype=torch.bool)
     metric = low_rank_metric(x.float(), g.float(), kept, LowRank(max_rank=20))
+    assert all(f.dtype == F64 for f in metric)
+    # the float32 inputs' rounding only: the fit of the same inputs in float64
+    exact = low_rank_metric(x.float().double(), g.float().double(), kept, LowRank(max_rank=20))
+    fitted, reference = dense_oracle(metric).numpy(), dense_oracle(exact).numpy()
+    pairs = zip(fitted, reference, strict=True)
+    spectrum = np.stack([whitened_spectrum(f[None], r) for f, r in pairs])
+    np.testing.assert_allclose(spectrum, 1.0, atol=1e-9)
     metric = LowRankMetric(*(f.to(torch.float32) for f in metric))
     assert (torch.linalg.eigvalsh(dense_oracle(metric)) > 0).all()
     p = torch.randn(32, 20, generator=torch.Generator().manual_seed(8))
@@ -554,3 +561,33 @@ def test_a_compiled_static_hmc_transition_gives_the_eager_draws(previous):
         compiled["sample_stats"]["energy"].values, eager["sample_stats"]["energy"].values,
         rtol=1e-10,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("adapt", ["stan", "ensemble"])
+def test_the_adapted_metric_is_the_fit_of_the_last_windows_draws(adapt):
+    """The metric a run ends with is :func:`low_rank_metric` of exactly the draws of its
+    last slow window and their gradients (each chain's own in Stan's warmup, every
+    chain's pooled), recomputed here from the saved warmup draws (the Gaussian's gradient
+    is known): no draw of another window, no empty slot."""
+    chains = 16 if adapt == "ensemble" else 2
+    dt = sample_gaussian(
+        metric="low-rank", adapt=adapt, chains=chains, warmup=200, draws=10, seed=8,
+        save_warmup=True,
+    )  # fmt: skip
+    x = dt["warmup_posterior"]["x"].values  # (chain, ran, D), skipped iterations left out
+    if adapt == "stan":
+        first, last = 100, 149  # build_schedule(200): windows 75-99, 100-149
+    else:  # ensemble_schedule(200): 20-39, 40-79, 80-159, the last skipped by an early stop
+        assert len(dt.attrs["restarted_chains"]) == 0
+        first, last = (40, 79) if dt.attrs["tuning_steps"] == 120 else (80, 159)
+    window = torch.from_numpy(x[:, first : last + 1])
+    gradient = (window - torch.from_numpy(MEAN10)) @ torch.from_numpy(np.linalg.inv(COV10))
+    kept = torch.ones(window.shape[:2], dtype=torch.bool)
+    if adapt == "ensemble":
+        window, gradient, kept = (
+            t.transpose(0, 1).reshape(1, -1, *t.shape[2:]) for t in (window, gradient, kept)
+        )
+    expected = dense_oracle(low_rank_metric(window, gradient, kept, LowRank())).numpy()
+    np.testing.assert_allclose(
+        adapted_matrices(dt), np.broadcast_to(expected, (chains, 10, 10)), rtol=1e-8, atol=1e-10
+    )
