@@ -78,11 +78,18 @@ class LowRankMetric(NamedTuple):
     """A diagonal times a low-rank correction: the inverse metric
     ``M^-1 = diag(scale) (I + U (diag(values) - I) U^T) diag(scale)``.
 
-    scale : ``(C, D)`` positive, the whitening scale (its square is the diagonal part).
-    vectors : ``(C, D, k)`` ``U``, orthonormal columns in the whitened coordinates; a
-        column of zeros (with value 1) is an unused slot, so every chain has ``k`` slots.
-    values : ``(C, k)`` positive eigenvalues of the whitened inverse metric.
+    Attributes
+    ----------
+    scale : torch.Tensor
+        ``(C, D)`` positive, the whitening scale (its square is the diagonal part).
+    vectors : torch.Tensor
+        ``(C, D, k)`` ``U``, orthonormal columns in the whitened coordinates; a column of
+        zeros (with value 1) is an unused slot, so every chain has ``k`` slots.
+    values : torch.Tensor
+        ``(C, k)`` positive eigenvalues of the whitened inverse metric.
 
+    Notes
+    -----
     It is applied through its factor ``F = diag(scale) (I + U (sqrt(values) - 1) U^T)``,
     ``M^-1 = F F^T``: the kinetic energy ``|F^T p|^2 / 2`` is never negative, whatever the
     rounding of ``U`` in float32 (:func:`hmc.adapt.low_rank.low_rank_metric` floors the

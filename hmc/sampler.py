@@ -23,7 +23,7 @@ import torch
 from hmc import interrupts
 from hmc._torch_compat import distribution_validation_off
 from hmc.adapt.ensemble import EnsembleWarmup, ensemble_schedule
-from hmc.adapt.low_rank import LowRank
+from hmc.adapt.low_rank import LowRank, window_length
 from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors, map_record
@@ -120,13 +120,13 @@ def sample(
         120-200 iterations).
     kernel : "nuts", "hmc", "chees", or a kernel instance (:class:`hmc.NUTS`,
         :class:`hmc.HMC`, :class:`hmc.ChEES`)
-    metric : "diag" (default), "dense", "low-rank" or "identity" (not adapted), or
-        :class:`hmc.LowRank` (the low-rank plus diagonal metric with its options)
-        The low-rank metric (:mod:`hmc.adapt.low_rank`, nutpie's) is the Fisher-divergence
-        diagonal ``sqrt(Var x / Var grad)`` corrected by at most ``max_rank`` (16)
-        eigenvectors of the whitened draws' and gradients' geometric-mean covariance,
-        fitted per chain in Stan's windows or pooled; it costs ``O(D k)`` per step and
-        pays on posteriors with strong correlations, where a diagonal needs small steps.
+    metric : "diag" (default), "dense", "low-rank", "identity" (not adapted), or hmc.LowRank
+        ``"low-rank"`` (:mod:`hmc.adapt.low_rank`, nutpie's construction) is the "Fisher"
+        diagonal ``sqrt(Var x / Var grad)`` corrected by at most 16 eigenvectors of the
+        whitened draws' and gradients' geometric-mean covariance, fitted per chain in
+        Stan's windows or pooled across chains; it costs ``O(D k)`` per leapfrog step and
+        pays on correlated posteriors, where a diagonal metric forces small steps.
+        :class:`hmc.LowRank` sets its rank, cutoff and ridge.
     adapt : "stan" or "ensemble", optional
         The warmup: ``"stan"`` (the default, except for ChEES) adapts each chain on its
         own with Stan's windows; ``"ensemble"`` pools all chains into one step size and
@@ -280,8 +280,11 @@ def sample(
         _check_same_run(checkpoint_file, saved["settings"], identity)
     target = as_target(log_prob, dim, batched)
     kept_iterations = draws + (warmup if save_warmup else 0)
+    window = _window_draws(settings, all_chains)
     if target.dim is not None:  # before anything is allocated per chain
-        check_memory(metric, chains, target.dim, kept_iterations, dtype, device, store is not None)
+        check_memory(
+            metric, chains, target.dim, kept_iterations, dtype, device, store is not None, window
+        )
     reduce = target.reduce if isinstance(target, ShardedPotential) else None
     potential = Potential(
         target.log_prob,
@@ -311,7 +314,9 @@ def sample(
             radius = DEFAULT_INIT_RADIUS if radius is None else radius
             if position is not None or target.dim is not None:  # else initial_state asks for dim
                 dim = position.shape[1] if position is not None else target.dim
-                check_memory(metric, chains, dim, kept_iterations, dtype, device, store is not None)
+                check_memory(
+                    metric, chains, dim, kept_iterations, dtype, device, store is not None, window
+                )
             state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
             dim = state.position.shape[1]
             check_output(target, state.position.numpy(force=True)[:, None])
@@ -585,6 +590,17 @@ def _adapter(
             **common,
         )
     return StanWarmup(schedule=build_schedule(settings.warmup, device=settings.device), **common)
+
+
+def _window_draws(settings: Any, chains: int) -> int:
+    """The draws (and gradients) per chain the low-rank metric's windows hold: the longest
+    window of Stan's schedule, or every chain's longest pooled window (0 for the other
+    metrics)."""
+    if settings.low_rank is None:
+        return 0
+    if settings.adapt == "ensemble":
+        return chains * window_length(ensemble_schedule(settings.warmup).windows)
+    return window_length(build_schedule(settings.warmup).windows)
 
 
 def _rank(settings: Any, dim: int) -> int:

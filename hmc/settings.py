@@ -300,11 +300,13 @@ def check_memory(
     dtype: torch.dtype,
     device: torch.device,
     stored: bool = False,
+    window: int = 0,
 ) -> None:
     """Raise before any work when the run cannot fit in memory: the ``kept`` iterations'
     draws and statistics (held twice while the output is built; one chunk on a device
     other than the CPU, and in all when ``stored`` in a file, :mod:`hmc.store`), the
-    chains' states and trees, and a dense metric's matrices, against half the memory of
+    chains' states and trees, a dense metric's matrices, and the low-rank metric's
+    windows of ``window`` draws and gradients per chain, against half the memory of
     ``device`` (and of the host, for the draws of a run on another device)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_iteration = chains * (dim * itemsize + 12 * 8)  # positions and statistics
@@ -313,6 +315,8 @@ def check_memory(
     trees = chains * dim * itemsize * (7 * 30 + 20)  # NUTS's stack at the deepest cap
     matrices = 4 * chains * dim * dim * itemsize if metric == "dense" else 0  # metric,
     # Cholesky, estimate, workspace
+    if metric == "low-rank":  # the windows' draws and gradients (the fit's copies in float64)
+        matrices = 2 * chains * window * dim * (itemsize + 8)
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if device.type == "cuda":
         available = torch.cuda.mem_get_info(device)[0]
@@ -325,6 +329,13 @@ def check_memory(
     if draws + trees + matrices <= available // 2:
         return
     gib = 2**30
+    if matrices > available // 2 and metric == "low-rank":
+        raise ValueError(
+            f"metric='low-rank' keeps each window's draws and gradients: about "
+            f"{matrices / gib:.1f} GiB for {chains} chains of dimension {dim} ({window} "
+            f"draws a window), more than half the {available / gib:.1f} GiB available; use "
+            "a shorter warmup, fewer chains or metric='diag'"
+        )
     if matrices > available // 2:
         raise ValueError(
             f"metric='dense' needs about {matrices / gib:.1f} GiB for {chains} chains of "

@@ -307,6 +307,11 @@ def test_settings_are_checked_before_work():
         LowRank(gamma=0.0)
     with pytest.raises(ValueError, match=r"metric must be one of .* or an hmc\.LowRank"):
         hmc.sample(lambda q: -(q**2).sum(), dim=2, metric="lowrank", progress=False)
+    with pytest.raises(ValueError, match="metric='low-rank' keeps each window's draws"):
+        hmc.sample(
+            lambda q: -(q**2).sum(-1), dim=20000, chains=2000, draws=1, metric="low-rank",
+            batched=True, progress=False, store=None,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- runs
@@ -451,7 +456,7 @@ def same_run(a, b) -> None:
     [
         ("stan", "numpy", (120, 210)),
         pytest.param("stan", "torch", (120,), marks=pytest.mark.slow),
-        ("ensemble", "numpy", (60, 130)),
+        pytest.param("ensemble", "numpy", (60, 130), marks=pytest.mark.slow),
     ],
 )
 def test_a_run_interrupted_mid_window_resumes_to_the_uninterrupted_result(

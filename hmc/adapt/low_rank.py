@@ -103,12 +103,20 @@ def low_rank_metric(
 ) -> LowRankMetric:
     """The metric of each of ``B`` windows (the module docstring), in float64.
 
-    draws, gradients : ``(B, n, D)`` positions and gradients of the log density (or of
-        the potential: the sign does not matter), any float dtype.
-    kept : ``(B, n)`` bool, the rows that belong to the window (others are ignored); a
-        window needs at least 3.
-    Returns float64 fields ``(B, D)``, ``(B, D, k)``, ``(B, k)`` with
-    ``k = options.rank(D)``.
+    Parameters
+    ----------
+    draws, gradients : torch.Tensor
+        ``(B, n, D)`` positions and gradients of the log density (or of the potential:
+        the sign does not matter), any float dtype.
+    kept : torch.Tensor
+        ``(B, n)`` bool, the rows that belong to the window (others are ignored).
+    options : LowRank
+        The rank, cutoff and ridge.
+
+    Returns
+    -------
+    LowRankMetric
+        Float64 fields ``(B, D)``, ``(B, D, k)``, ``(B, k)`` with ``k = options.rank(D)``.
     """
     x, g = draws.to(torch.float64), gradients.to(torch.float64)
     weight = kept.to(torch.float64)[:, :, None]  # (B, n, 1)
