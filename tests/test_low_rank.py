@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_moments, gaussian_log_prob
+from test_models_posteriordb import FAST, FAST_CHECKS
 
 import hmc
 from hmc.adapt.low_rank import (
@@ -435,6 +436,27 @@ def test_a_float32_run_stays_finite_and_positive_definite():
     assert dt["adaptation"]["metric_eigenvectors"].dtype == np.float32
     assert (np.linalg.eigvalsh(adapted_matrices(dt)) > 0).all()
     assert_moments(x, MEAN10, COV10)
+
+
+@pytest.mark.slow  # four posteriors, 3-10 s each
+@pytest.mark.parametrize("name", sorted(FAST))
+def test_the_fast_posteriordb_subset_matches_the_reference(name):
+    """The posteriordb CI subset (``test_models_posteriordb.FAST``, its settings and
+    bound) with the low-rank metric: means and sds within the bound, ESS and R-hat
+    sound, no divergence."""
+    import hmc.models
+    from hmc.models.validation import compare, z_bound
+
+    warmup, draws = FAST[name]
+    dt = hmc.sample(
+        hmc.models.load(name), chains=4, warmup=warmup, draws=draws, seed=20, progress=False,
+        metric="low-rank",
+    )  # fmt: skip
+    bound = z_bound(FAST_CHECKS, alpha=1e-3)
+    for check in compare(name, dt):
+        assert check.ess_bulk > 100 and check.ess_tail > 100 and check.rhat < 1.05, check
+        assert abs(check.mean_z) < bound and abs(check.sd_z) < bound, check
+    assert int(dt["sample_stats"]["diverging"].sum()) == 0
 
 
 @pytest.mark.slow  # 4 x 1000 iterations of a regression, 7-12 s
