@@ -11,6 +11,7 @@ the other matrix, instead of in the subspace of the draws.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 
 import numpy as np
@@ -37,6 +38,7 @@ from hmc.metric import (
     kinetic_energy_and_velocity,
     metric_from_fields,
     metric_from_inverse,
+    unit_metric,
 )
 from hmc.warm_start import LOW_RANK_VARIABLES
 
@@ -640,4 +642,43 @@ def test_the_adapted_metric_is_the_fit_of_the_last_windows_draws(adapt):
     expected = dense_oracle(low_rank_metric(window, gradient, kept, LowRank())).numpy()
     np.testing.assert_allclose(
         adapted_matrices(dt), np.broadcast_to(expected, (chains, 10, 10)), rtol=1e-8, atol=1e-10
+    )
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_stan_warmup_fits_each_window_from_its_own_draws_only(kind):
+    """Stan's adapter with a shorter window after a longer one (10 slots, then 5): the
+    second metric is the fit of the second window's 5 draws and gradients alone (no
+    slot of the first window counts), and chains that finish at other times fill their
+    own slots."""
+    from hmc.adapt.schedule import schedule_from_windows
+    from hmc.adapt.warmup import StanWarmup
+
+    chains, dim = 2, 3
+    schedule = schedule_from_windows(20, [(2, 11), (12, 16)])
+    keep = lambda state, step_size, metric, keys, counter: (step_size, counter)  # noqa: E731
+    adapter = StanWarmup(schedule, keep, low_rank=LowRank(max_rank=3, cutoff=1 + 1e-9))
+    generator = torch.Generator().manual_seed(9)
+    positions = torch.randn(20, chains, dim, dtype=F64, generator=generator)
+    gradients = torch.randn(20, chains, dim, dtype=F64, generator=generator)
+    state = hmc.State(positions[0], torch.zeros(chains, dtype=F64), gradients[0])
+    params = hmc.Params(torch.ones(chains, dtype=F64), unit_metric("low-rank", positions[0], 3))
+    keys = torch.arange(chains)
+    adaptation, params = adapter.init(state, params, keys)
+    engine = as_arrays if kind == "numpy" else (lambda x: x)
+    adaptation, params = engine(adaptation), params._replace(step_size=engine(params.step_size))
+    adapter = dataclasses.replace(adapter, schedule=engine(schedule))  # as the driver does
+    for t in range(17):
+        state = hmc.State(positions[t], torch.zeros(chains, dtype=F64), gradients[t])
+        iteration = torch.full((chains,), t)
+        done = torch.ones(chains, dtype=torch.bool)
+        accept = torch.full((chains,), 0.8, dtype=F64)
+        adaptation, params = adapter.update(
+            adaptation, params, engine(done), engine(iteration), engine(accept), engine(state),
+            keys,
+        )  # fmt: skip
+    window = (positions[12:17].transpose(0, 1), gradients[12:17].transpose(0, 1))
+    expected = low_rank_metric(*window, torch.ones(chains, 5, dtype=torch.bool), adapter.low_rank)
+    np.testing.assert_allclose(
+        dense_oracle(params.metric).numpy(), dense_oracle(expected).numpy(), rtol=1e-10
     )
