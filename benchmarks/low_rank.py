@@ -12,6 +12,7 @@ Usage::
 
     python -m benchmarks.low_rank                          # every D >= 5 posterior
     python -m benchmarks.low_rank --only sblrc-blr --draws 500
+    python -m benchmarks.low_rank --only diamonds-diamonds --metrics low-rank
     python -m benchmarks.low_rank --out benchmarks/low-rank.md --results low-rank.jsonl
 
 Each finished posterior is appended to ``--results`` (JSON lines) and the table is
@@ -116,6 +117,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1000)
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--metrics", nargs="*", default=list(METRICS), choices=METRICS)
     parser.add_argument("--results", type=Path, default=None, help="JSON lines, appended")
     parser.add_argument("--out", type=Path, default=None, help="the Markdown table")
     args = parser.parse_args()
@@ -130,7 +132,7 @@ def main() -> None:
         "NUTS, Stan's warmup, float64, eager"
     )
     for name in names:
-        for metric in METRICS:
+        for metric in args.metrics:
             row = measure(name, metric, args.chains, args.warmup, args.draws, args.seed)
             rows.append(row)
             print(json.dumps(row), flush=True)
