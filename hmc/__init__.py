@@ -9,11 +9,12 @@ gradient reuse through a shared inner function (``shared_inner_grads``) and Pyro
 """
 
 from hmc import models
+from hmc.adapt.low_rank import LowRank
 from hmc.autodiff import shared_inner_grads, tempered_value_and_grad
 from hmc.integrators import leapfrog
 from hmc.kernels import HMC, NUTS, ChEES, Params
 from hmc.memo import MemoCache
-from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
+from hmc.metric import DenseMetric, DiagonalMetric, LowRankMetric, metric_from_inverse
 from hmc.nested_rhat import nested_rhat
 from hmc.parameters import Model, Param
 from hmc.potential import Potential
@@ -29,6 +30,8 @@ __all__ = [
     "ChEES",
     "DenseMetric",
     "DiagonalMetric",
+    "LowRank",
+    "LowRankMetric",
     "MemoCache",
     "Model",
     "Param",

@@ -11,7 +11,8 @@ wait changes no draw). A checkpoint holds, as plain tensors, numbers and strings
 - the iteration every chain has completed, and each chain's position, potential and
   gradient there (the random streams are positioned by that iteration: nothing else of
   them needs saving);
-- the step sizes, inverse metrics and ChEES's trajectory lengths, and the whole
+- the step sizes, inverse metrics (a low-rank metric's fields, with its matrices'
+  diagonals as the inverse metric) and ChEES's trajectory lengths, and the whole
   adaptation state, Stan's per-chain warmup or the pooled one (dual averaging, the running
   (co)variance estimates or pooled moments, the step-size search's counters, the pooled
   warmup's recent log densities, trajectory-length optimiser and restarted chains), with
@@ -53,6 +54,7 @@ from hmc.adapt.step_size import DualAveragingState
 from hmc.adapt.warmup import WarmupState
 from hmc.adapt.welford import WelfordState
 from hmc.atomic import write_atomically
+from hmc.metric import LowRankMetric, Metric, inverse_diagonal, metric_from_inverse
 from hmc.state import State
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "Snapshot",
     "raw_payload",
     "read_checkpoint",
+    "saved_metric",
     "write_checkpoint",
 ]
 
@@ -81,7 +84,7 @@ class Snapshot(NamedTuple):
 
     iteration : the iteration count of every chain.
     state : each chain's position ``(C, D)``, potential ``(C,)`` and gradient there.
-    step_size : ``(C,)``; inverse_metric : ``(C, D)`` or ``(C, D, D)``.
+    step_size : ``(C,)``; metric : the chains' metric (:mod:`hmc.metric`).
     adaptation : the warmup's state, or None when nothing adapts.
     positions, stats : the recorder's buffers; divergences : counted so far.
     warmup_seconds : the time until every chain left warmup (None before); useful, slots :
@@ -94,7 +97,7 @@ class Snapshot(NamedTuple):
     iteration: int
     state: State
     step_size: Any
-    inverse_metric: torch.Tensor
+    metric: Metric
     adaptation: WarmupState | None
     positions: Any
     stats: dict[str, Any]
@@ -111,14 +114,16 @@ def write_checkpoint(path: str | os.PathLike, snapshot: Snapshot, extra: dict[st
     """Write ``snapshot`` and ``extra`` (settings, counters: plain values) to ``path``
     atomically."""
     tensor = _tensor
-    adaptation = snapshot.adaptation
+    adaptation, metric = snapshot.adaptation, snapshot.metric
+    low_rank = isinstance(metric, LowRankMetric)
     payload = {
         "format": list(LAYOUT),
         **extra,
         "iteration": snapshot.iteration,
         "state": [tensor(x) for x in snapshot.state],
         "step_size": tensor(snapshot.step_size),
-        "inverse_metric": tensor(snapshot.inverse_metric),
+        "inverse_metric": tensor(inverse_diagonal(metric) if low_rank else metric.inverse),
+        "low_rank_metric": [tensor(x) for x in metric] if low_rank else None,
         "adaptation": None
         if adaptation is None
         else {"kind": type(adaptation).__name__, "fields": _plain(adaptation)},
@@ -143,6 +148,14 @@ def write_checkpoint(path: str | os.PathLike, snapshot: Snapshot, extra: dict[st
         "payload": torch.frombuffer(bytearray(data), dtype=torch.uint8),
     }
     write_atomically(path, lambda temporary: torch.save(sealed, temporary))
+
+
+def saved_metric(saved: dict[str, Any]) -> Metric:
+    """The metric record of a read checkpoint (:func:`read_checkpoint`)."""
+    low_rank = saved.get("low_rank_metric")
+    if low_rank is not None:
+        return LowRankMetric(*low_rank)
+    return metric_from_inverse(saved["inverse_metric"])
 
 
 def raw_payload(path: str | os.PathLike) -> dict[str, Any]:
@@ -237,7 +250,9 @@ def _record(cls: type, fields: dict[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     values = []
     for name in cls._fields:
-        value, nested = fields[name], _record_type(hints[name])
+        # a field added since the file was written takes its default
+        value = fields[name] if name in fields else cls._field_defaults[name]
+        nested = _record_type(hints[name])
         values.append(_record(nested, value) if nested and value is not None else value)
     return cls(*values)
 

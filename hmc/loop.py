@@ -225,7 +225,7 @@ def run_chains(
                         restart,  # after an early stop, where the chains go on
                         latest,
                         params.step_size,
-                        params.metric.inverse,
+                        params.metric,
                         adaptation,
                         held_positions,
                         held_stats,

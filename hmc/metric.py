@@ -1,7 +1,9 @@
 """Euclidean metrics: momentum draws, kinetic energy, velocity, and the U-turn test.
 
 The inverse metric (the inverse mass matrix, an estimate of the posterior covariance) is
-per chain: ``(C, D)`` for a diagonal metric, ``(C, D, D)`` for a dense one. Kinetic energy
+per chain: ``(C, D)`` for a diagonal metric, ``(C, D, D)`` for a dense one, and for the
+low-rank metric a diagonal scale ``(C, D)`` with ``k`` eigenpairs ``(C, D, k)``, ``(C, k)``
+(:class:`LowRankMetric`, applied in ``O(D k)``). Kinetic energy
 is ``K(p) = p^T M^-1 p / 2``, so the velocity is ``dK/dp = M^-1 p`` and momenta are drawn
 from ``N(0, M)``. The identity metric is the diagonal metric with unit entries. A metric's
 fields are tensors, or NumPy arrays for the NumPy engine (``hmc.arrays.as_arrays``); its
@@ -18,12 +20,16 @@ import torch
 __all__ = [
     "DenseMetric",
     "DiagonalMetric",
+    "LowRankMetric",
     "Metric",
     "all_no_u_turn",
     "dot",
+    "inverse_diagonal",
     "kinetic_energy_and_velocity",
+    "metric_from_fields",
     "metric_from_inverse",
     "no_u_turn",
+    "unit_metric",
 ]
 
 
@@ -68,16 +74,105 @@ class DenseMetric(NamedTuple):
         return solved.squeeze(-1)
 
 
-Metric = DiagonalMetric | DenseMetric
+class LowRankMetric(NamedTuple):
+    """A diagonal times a low-rank correction: the inverse metric
+    ``M^-1 = diag(scale) (I + U (diag(values) - I) U^T) diag(scale)``.
+
+    Attributes
+    ----------
+    scale : torch.Tensor
+        ``(C, D)`` positive, the whitening scale (its square is the diagonal part).
+    vectors : torch.Tensor
+        ``(C, D, k)`` ``U``, orthonormal columns in the whitened coordinates; a column of
+        zeros (with value 1) is an unused slot, so every chain has ``k`` slots.
+    values : torch.Tensor
+        ``(C, k)`` positive eigenvalues of the whitened inverse metric.
+
+    Notes
+    -----
+    It is applied through its factor ``F = diag(scale) (I + U (sqrt(values) - 1) U^T)``,
+    ``M^-1 = F F^T``: the kinetic energy ``|F^T p|^2 / 2`` is never negative, whatever the
+    rounding of ``U`` in float32 (:func:`hmc.adapt.low_rank.low_rank_metric` floors the
+    values so that ``F`` stays invertible), and every operation costs ``O(D k)`` per chain.
+    """
+
+    scale: torch.Tensor
+    vectors: torch.Tensor
+    values: torch.Tensor
+
+    def _correct(self, x: torch.Tensor, power: float) -> torch.Tensor:
+        """``(I + U (values**power - 1) U^T) x`` for rows ``x`` ``(C, D)``."""
+        coefficients = (x[:, None, :] @ self.vectors)[:, 0, :]  # U^T x, (C, k)
+        weighted = (self.values**power - 1.0) * coefficients
+        return x + (self.vectors @ weighted[:, :, None])[:, :, 0]
+
+    def factor_transpose(self, p: torch.Tensor) -> torch.Tensor:
+        """``F^T p`` for momenta ``(C, D)``: ``K(p) = |F^T p|^2 / 2``."""
+        return self._correct(self.scale * p, 0.5)
+
+    def factor(self, a: torch.Tensor) -> torch.Tensor:
+        """``F a`` for rows ``(C, D)``."""
+        return self.scale * self._correct(a, 0.5)
+
+    def velocity(self, p: torch.Tensor) -> torch.Tensor:
+        """``M^-1 p = F F^T p`` for momenta ``(C, D)``."""
+        return self.factor(self.factor_transpose(p))
+
+    def kinetic_energy(self, p: torch.Tensor) -> torch.Tensor:
+        return kinetic_energy_and_velocity(self, p)[0]
+
+    def momentum(self, noise: torch.Tensor) -> torch.Tensor:
+        """Momenta ``F^-T z ~ N(0, M)`` from standard normal ``noise`` ``(C, D)``."""
+        return self._correct(noise, -0.5) / self.scale
+
+
+Metric = DiagonalMetric | DenseMetric | LowRankMetric
 
 
 def kinetic_energy_and_velocity(
     metric: Metric, p: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``K(p) = p^T M^-1 p / 2`` ``(C,)`` and the velocity ``M^-1 p`` ``(C, D)`` of momenta
-    ``p`` ``(C, D)`` (tensors or NumPy arrays), with one product by ``M^-1``."""
+    ``p`` ``(C, D)`` (tensors or NumPy arrays), with one product by ``M^-1`` (for the
+    low-rank metric, ``K = |F^T p|^2 / 2`` and the velocity ``F (F^T p)``)."""
+    if isinstance(metric, LowRankMetric):
+        half = metric.factor_transpose(p)
+        return 0.5 * dot(half, half), metric.factor(half)
     velocity = metric.velocity(p)
     return 0.5 * dot(p, velocity), velocity
+
+
+def inverse_diagonal(metric: Metric) -> torch.Tensor:
+    """The diagonal of each chain's inverse metric ``(C, D)`` (the variances it assumes):
+    for the low-rank metric ``scale**2 (1 + sum_j U_ij**2 (values_j - 1))``."""
+    if isinstance(metric, LowRankMetric):
+        correction = (metric.vectors**2 @ (metric.values - 1.0)[:, :, None])[:, :, 0]
+        return metric.scale**2 * (1.0 + correction)
+    if isinstance(metric, DenseMetric):
+        return metric.inverse.diagonal(dim1=-2, dim2=-1)
+    return metric.inverse
+
+
+def unit_metric(name: str, like: torch.Tensor, rank: int = 0) -> Metric:
+    """The unit metric of kind ``name`` (``"identity"``, ``"diag"``, ``"dense"`` or
+    ``"low-rank"`` with ``rank`` unused slots) for chains shaped like ``like`` ``(C, D)``."""
+    unit = torch.ones_like(like)
+    if name == "dense":
+        return metric_from_inverse(torch.diag_embed(unit))
+    if name == "low-rank":
+        chains, dim = like.shape
+        return LowRankMetric(
+            unit, like.new_zeros((chains, dim, rank)), like.new_ones((chains, rank))
+        )
+    return metric_from_inverse(unit)
+
+
+def metric_from_fields(*fields: torch.Tensor) -> Metric:
+    """The metric record whose fields are ``fields`` (those of a record, in order): three
+    make a :class:`LowRankMetric`, two a diagonal ``(C, D)`` or a dense ``(C, D, D)`` one."""
+    if len(fields) == len(LowRankMetric._fields):
+        return LowRankMetric(*fields)
+    return (DiagonalMetric if fields[0].dim() == 2 else DenseMetric)(*fields)
 
 
 def metric_from_inverse(inverse: torch.Tensor) -> Metric:

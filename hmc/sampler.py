@@ -23,10 +23,11 @@ import torch
 from hmc import interrupts
 from hmc._torch_compat import distribution_validation_off
 from hmc.adapt.ensemble import EnsembleWarmup, ensemble_schedule
+from hmc.adapt.low_rank import LowRank, window_length
 from hmc.adapt.schedule import build_schedule
 from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors, map_record
-from hmc.checkpoint import Snapshot, read_checkpoint, write_checkpoint
+from hmc.checkpoint import Snapshot, read_checkpoint, saved_metric, write_checkpoint
 from hmc.distributed import (
     ChainSplit,
     InterruptVote,
@@ -43,7 +44,7 @@ from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
 from hmc.interrupts import interrupt_requests, kept_draws
 from hmc.kernels.base import Kernel
 from hmc.loop import Run, run_chains
-from hmc.metric import metric_from_inverse
+from hmc.metric import inverse_diagonal, unit_metric
 from hmc.potential import Potential
 from hmc.progress import DisplayFactory, Progress
 from hmc.random import chain_keys
@@ -58,7 +59,7 @@ from hmc.settings import (
     init_radius,
     validate,
 )
-from hmc.state import Params
+from hmc.state import Params, take_rows
 from hmc.step_size_search import find_reasonable_step_size
 from hmc.store import HostStore, NetcdfStore, chunk_iterations
 from hmc.target import Target
@@ -119,7 +120,13 @@ def sample(
         120-200 iterations).
     kernel : "nuts", "hmc", "chees", or a kernel instance (:class:`hmc.NUTS`,
         :class:`hmc.HMC`, :class:`hmc.ChEES`)
-    metric : "diag" (default), "dense" or "identity" (not adapted)
+    metric : "diag" (default), "dense", "low-rank", "identity" (not adapted), or hmc.LowRank
+        ``"low-rank"`` (:mod:`hmc.adapt.low_rank`, nutpie's construction) is the "Fisher"
+        diagonal ``sqrt(Var x / Var grad)`` corrected by at most 16 eigenvectors of the
+        whitened draws' and gradients' geometric-mean covariance, fitted per chain in
+        Stan's windows or pooled across chains; it costs ``O(D k)`` per leapfrog step and
+        pays on correlated posteriors, where a diagonal metric forces small steps.
+        :class:`hmc.LowRank` sets its rank, cutoff and ridge.
     adapt : "stan" or "ensemble", optional
         The warmup: ``"stan"`` (the default, except for ChEES) adapts each chain on its
         own with Stan's windows; ``"ensemble"`` pools all chains into one step size and
@@ -273,8 +280,11 @@ def sample(
         _check_same_run(checkpoint_file, saved["settings"], identity)
     target = as_target(log_prob, dim, batched)
     kept_iterations = draws + (warmup if save_warmup else 0)
+    window = _window_draws(settings, all_chains)
     if target.dim is not None:  # before anything is allocated per chain
-        check_memory(metric, chains, target.dim, kept_iterations, dtype, device, store is not None)
+        check_memory(
+            metric, chains, target.dim, kept_iterations, dtype, device, store is not None, window
+        )
     reduce = target.reduce if isinstance(target, ShardedPotential) else None
     potential = Potential(
         target.log_prob,
@@ -304,22 +314,23 @@ def sample(
             radius = DEFAULT_INIT_RADIUS if radius is None else radius
             if position is not None or target.dim is not None:  # else initial_state asks for dim
                 dim = position.shape[1] if position is not None else target.dim
-                check_memory(metric, chains, dim, kept_iterations, dtype, device, store is not None)
+                check_memory(
+                    metric, chains, dim, kept_iterations, dtype, device, store is not None, window
+                )
             state = initial_state(target, potential, position, keys, chains, dtype, device, radius)
             dim = state.position.shape[1]
             check_output(target, state.position.numpy(force=True)[:, None])
             if adapted_from is None:
-                unit = torch.ones(chains, dim, dtype=dtype, device=device)
                 params = Params(
                     torch.full((chains,), step_size or 1.0, dtype=dtype, device=device),
-                    metric_from_inverse(torch.diag_embed(unit) if metric == "dense" else unit),
+                    unit_metric(metric, state.position, _rank(settings, dim)),
                 )
             else:
-                steps, inverse = adapted_parameters(
-                    adapted, all_chains, dim, metric == "dense", dtype, device
+                steps, adapted_metric = adapted_parameters(
+                    adapted, all_chains, dim, metric, settings.low_rank, dtype, device
                 )
-                rows = slice(share.start, share.stop)
-                params = Params(steps[rows], metric_from_inverse(inverse[rows]))
+                rows = torch.arange(share.start, share.stop, device=device)
+                params = Params(steps[rows], take_rows(adapted_metric, rows))
             tuning_started = time.perf_counter()
             adaptation = None
             if warmup > 0 or (step_size is None and adapted_from is None):
@@ -418,7 +429,7 @@ def sample(
         adapt=settings.adapt,
         restarted_chains=_restarted(adaptation),
     )
-    inverse_metric = params.metric.inverse.numpy(force=True)
+    inverse_metric = inverse_diagonal(params.metric).numpy(force=True)
     if isinstance(recorder.store, NetcdfStore):
         tree = recorder.store.finish(attrs, adaptation_group(as_tensors(params)))
         _warn_about_tree(tree)
@@ -503,6 +514,8 @@ def resume(
     kernel = KERNELS[saved["kernel"]["name"].lower()](**saved["kernel"]["fields"])
     dtype = getattr(torch, saved["dtype"].removeprefix("torch."))
     as_saved = {name: saved[name] for name in saved.keys() - {"kernel", "dtype", "ranks"}}
+    if "low_rank" in as_saved:
+        as_saved["metric"] = LowRank(**as_saved.pop("low_rank"))
     return sample(
         log_prob, **as_saved, kernel=kernel, dtype=dtype, progress=progress, checkpoint=checkpoint
     )
@@ -565,6 +578,7 @@ def _adapter(
         target_accept=settings.target_accept,
         adapt_metric=settings.metric != "identity",
         dense=settings.metric == "dense",
+        low_rank=settings.low_rank,
     )
     if settings.adapt == "ensemble":
         kernel = settings.kernel
@@ -576,6 +590,23 @@ def _adapter(
             **common,
         )
     return StanWarmup(schedule=build_schedule(settings.warmup, device=settings.device), **common)
+
+
+def _window_draws(settings: Any, chains: int) -> int:
+    """The draws (and gradients) per chain the low-rank metric's windows hold: the longest
+    window of Stan's schedule, or every chain's longest pooled window (0 for the other
+    metrics)."""
+    if settings.low_rank is None:
+        return 0
+    if settings.adapt == "ensemble":
+        return chains * window_length(ensemble_schedule(settings.warmup).windows)
+    return window_length(build_schedule(settings.warmup).windows)
+
+
+def _rank(settings: Any, dim: int) -> int:
+    """The low-rank metric's number of eigenvector slots in dimension ``dim`` (0 for the
+    other metrics)."""
+    return 0 if settings.low_rank is None else settings.low_rank.rank(dim)
 
 
 def _restarted(adaptation: Any) -> np.ndarray:
@@ -601,6 +632,9 @@ def _run_identity(
         "draws": draws,
         "kernel": {"name": type(kernel).__name__, "fields": dataclasses.asdict(kernel)},
         "metric": settings.metric,
+        **(
+            {} if settings.low_rank is None else {"low_rank": dataclasses.asdict(settings.low_rank)}
+        ),
         "target_accept": float(target_accept),
         "step_size": step_size,
         "seed": settings.seed,
@@ -658,14 +692,12 @@ def _restored(saved: dict[str, Any], dtype: torch.dtype, device: torch.device):
         to(saved["trajectory_length"]),
         to(saved["adaptation"]),
     )
-    params = Params(
-        to(saved["step_size"]), metric_from_inverse(to(saved["inverse_metric"])), length
-    )
+    params = Params(to(saved["step_size"]), to(saved_metric(saved)), length)
     resume = Snapshot(
         saved["iteration"],
         state,
         params.step_size,
-        params.metric.inverse,
+        params.metric,
         adaptation,
         saved["positions"],
         saved["stats"],

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from hmc.adapt.low_rank import LowRank
 from hmc.arrays import engine_for
 from hmc.atomic import check_writable_file
 from hmc.kernels.base import Kernel
@@ -43,7 +44,7 @@ __all__ = [
     "validate",
 ]
 
-METRICS = ("identity", "diag", "dense")
+METRICS = ("identity", "diag", "dense", "low-rank")
 #: warmup adaptations: each chain on its own (Stan's) or all chains pooled
 #: (:mod:`hmc.adapt.ensemble`)
 ADAPTATIONS = ("stan", "ensemble")
@@ -68,7 +69,8 @@ class Settings(NamedTuple):
     ``"auto"``: decided during the run, :func:`compile_decision_at`), the warmup adaptation's
     name (by default ``"ensemble"`` for ChEES), the number of warmup iterations and the
     target acceptance statistic (by default Stan's 0.8, or :data:`CHEES_TARGET_ACCEPT`
-    for ChEES)."""
+    for ChEES), and for ``metric="low-rank"`` its options (:class:`hmc.LowRank`; None
+    for the other metrics)."""
 
     kernel: Kernel
     metric: str
@@ -80,6 +82,7 @@ class Settings(NamedTuple):
     adapt: str
     warmup: int
     target_accept: float
+    low_rank: LowRank | None = None
 
 
 def _is_int(value: Any) -> bool:
@@ -110,9 +113,7 @@ def validate(**kw: Any) -> Settings:
         )
     adapt = _adaptation(kw["adapt"], kernel)
     warmup = kw["warmup"]
-    metric = kw["metric"]
-    if not isinstance(metric, str) or metric.lower() not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    metric, low_rank = _metric(kw["metric"])
     target_accept = kw["target_accept"]
     if target_accept is None:
         target_accept = CHEES_TARGET_ACCEPT if isinstance(kernel, ChEES) else 0.8
@@ -158,7 +159,7 @@ def validate(**kw: Any) -> Settings:
     device = _device(kw["device"])
     return Settings(
         kernel,
-        metric.lower(),
+        metric,
         int(seed),
         progress if callable(progress) else bool(progress),
         device,
@@ -167,7 +168,19 @@ def validate(**kw: Any) -> Settings:
         adapt,
         warmup,
         float(target_accept),
+        low_rank,
     )
+
+
+def _metric(metric: Any) -> tuple[str, LowRank | None]:
+    """The metric's name (lower case) and, for the low-rank metric, its options: a name
+    in :data:`METRICS` or an :class:`hmc.LowRank`."""
+    if isinstance(metric, LowRank):
+        return "low-rank", metric
+    if not isinstance(metric, str) or metric.lower() not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS} or an hmc.LowRank, got {metric!r}")
+    metric = metric.lower()
+    return metric, LowRank() if metric == "low-rank" else None
 
 
 def compile_decision_at(adapt: str, warmup: int, draws: int) -> int:
@@ -287,11 +300,13 @@ def check_memory(
     dtype: torch.dtype,
     device: torch.device,
     stored: bool = False,
+    window: int = 0,
 ) -> None:
     """Raise before any work when the run cannot fit in memory: the ``kept`` iterations'
     draws and statistics (held twice while the output is built; one chunk on a device
     other than the CPU, and in all when ``stored`` in a file, :mod:`hmc.store`), the
-    chains' states and trees, and a dense metric's matrices, against half the memory of
+    chains' states and trees, a dense metric's matrices, and the low-rank metric's
+    windows of ``window`` draws and gradients per chain, against half the memory of
     ``device`` (and of the host, for the draws of a run on another device)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_iteration = chains * (dim * itemsize + 12 * 8)  # positions and statistics
@@ -300,6 +315,8 @@ def check_memory(
     trees = chains * dim * itemsize * (7 * 30 + 20)  # NUTS's stack at the deepest cap
     matrices = 4 * chains * dim * dim * itemsize if metric == "dense" else 0  # metric,
     # Cholesky, estimate, workspace
+    if metric == "low-rank":  # the windows' draws and gradients (the fit's copies in float64)
+        matrices = 2 * chains * window * dim * (itemsize + 8)
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if device.type == "cuda":
         available = torch.cuda.mem_get_info(device)[0]
@@ -312,6 +329,13 @@ def check_memory(
     if draws + trees + matrices <= available // 2:
         return
     gib = 2**30
+    if matrices > available // 2 and metric == "low-rank":
+        raise ValueError(
+            f"metric='low-rank' keeps each window's draws and gradients: about "
+            f"{matrices / gib:.1f} GiB for {chains} chains of dimension {dim} ({window} "
+            f"draws a window), more than half the {available / gib:.1f} GiB available; use "
+            "a shorter warmup, fewer chains or metric='diag'"
+        )
     if matrices > available // 2:
         raise ValueError(
             f"metric='dense' needs about {matrices / gib:.1f} GiB for {chains} chains of "

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hmc.metric import LowRankMetric, inverse_diagonal
+
 __all__ = ["adaptation_group", "run_attrs", "to_datatree"]
 
 
@@ -148,17 +150,29 @@ def run_attrs(
 def adaptation_group(params: Any):
     """The ``adaptation`` group: each chain's adapted step size ``(chain,)``, inverse
     metric ``(chain, unconstrained)`` or ``(chain, unconstrained, unconstrained_column)``
-    (the sampler's flat unconstrained coordinates, numbered) and, for ChEES, trajectory
-    length ``(chain,)``, from tensor ``params``."""
+    (the sampler's flat unconstrained coordinates, numbered), for the low-rank metric
+    (:class:`hmc.metric.LowRankMetric`) the diagonal of its matrix as ``inverse_metric``
+    with its fields ``metric_scale`` ``(chain, unconstrained)``, ``metric_eigenvectors``
+    ``(chain, unconstrained, metric_rank)`` and ``metric_eigenvalues`` ``(chain,
+    metric_rank)``, and, for ChEES, trajectory length ``(chain,)``, from tensor
+    ``params``."""
     import xarray
 
-    inverse = params.metric.inverse.numpy(force=True)
+    metric = params.metric
+    inverse = inverse_diagonal(metric) if isinstance(metric, LowRankMetric) else metric.inverse
+    inverse = inverse.numpy(force=True)
     dims = ("chain", "unconstrained", "unconstrained_column")[: inverse.ndim]
     coords = {name: np.arange(size) for name, size in zip(dims, inverse.shape, strict=True)}
     variables = {
         "step_size": (("chain",), params.step_size.numpy(force=True)),
         "inverse_metric": (dims, inverse),
     }
+    if isinstance(metric, LowRankMetric):
+        scale, vectors, values = (x.numpy(force=True) for x in metric)
+        coords["metric_rank"] = np.arange(values.shape[1])
+        variables["metric_scale"] = (("chain", "unconstrained"), scale)
+        variables["metric_eigenvectors"] = (("chain", "unconstrained", "metric_rank"), vectors)
+        variables["metric_eigenvalues"] = (("chain", "metric_rank"), values)
     if params.trajectory_length is not None:
         variables["trajectory_length"] = (("chain",), params.trajectory_length.numpy(force=True))
     return xarray.DataTree(xarray.Dataset(variables, coords=coords))

@@ -18,7 +18,10 @@ and, for :class:`hmc.ChEES`, one trajectory length. After each warmup iteration
    window's end the inverse metric becomes the "Fisher" diagonal
    ``sqrt(Var x / Var grad log p)`` (exact for a Gaussian, whose gradient variance is the
    inverse of its variance), or the pooled covariance for ``metric="dense"``, regularised
-   as Stan regularises (``n / (n + 5) * S + 1e-3 * 5 / (n + 5)``, ``n`` the pooled count);
+   as Stan regularises (``n / (n + 5) * S + 1e-3 * 5 / (n + 5)``, ``n`` the pooled count),
+   or for ``metric="low-rank"`` the low-rank metric of the window's draws and gradients
+   of those chains (:mod:`hmc.adapt.low_rank`; the buffer holds ``C x W x D`` of each,
+   ``W`` the longest window);
    chains whose log density stayed far below the others' over the window restart from
    healthy chains' states (so that they part from them before any draw is kept); Stan's
    step-size heuristic then runs on every chain and dual averaging restarts at the
@@ -60,6 +63,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hmc.adapt.low_rank import (
+    LowRank,
+    WindowDraws,
+    low_rank_metric,
+    window_add,
+    window_init,
+    window_length,
+)
 from hmc.adapt.schedule import WarmupSchedule, schedule_from_windows
 from hmc.adapt.step_size import (
     DualAveragingState,
@@ -71,7 +82,7 @@ from hmc.adapt.warmup import StepSizeSearch
 from hmc.arrays import as_tensors
 from hmc.diagnostics import ess
 from hmc.distributed import ChainSplit
-from hmc.metric import metric_from_inverse
+from hmc.metric import LowRankMetric, Metric, inverse_diagonal, metric_from_inverse
 from hmc.state import Params, Proposal, State
 
 __all__ = [
@@ -304,8 +315,11 @@ class EnsembleState(NamedTuple):
         ``(C,)`` the chains restarted from another, at a window's end or the last
         warmup iteration (in a chain-parallel run, every rank's chains).
     inverse : torch.Tensor
-        The last window's pooled inverse metric ``(D,)`` or ``(D, D)``; empty ``(0,)``
-        before the first window ends.
+        The last window's pooled inverse metric ``(D,)`` or ``(D, D)`` (the low-rank
+        metric's matrix's diagonal ``(D,)``); empty ``(0,)`` before the first window ends.
+    window : WindowDraws or None
+        For the low-rank metric, every chain's draws and gradients of the current window
+        (the stranded chains' slots not kept); None otherwise.
     """
 
     dual_averaging: DualAveragingState
@@ -318,6 +332,7 @@ class EnsembleState(NamedTuple):
     proposal: Proposal | None
     restarted: torch.Tensor
     inverse: torch.Tensor
+    window: WindowDraws | None = None
 
 
 class Pooled(NamedTuple):
@@ -343,6 +358,8 @@ class EnsembleWarmup:
     target_accept : dual averaging's target acceptance statistic.
     adapt_metric : whether the metric is estimated in the slow windows.
     dense : whether the estimate is the full covariance.
+    low_rank : for the low-rank metric, its options: the window's draws and gradients of
+        every chain not stranded make one :func:`hmc.adapt.low_rank.low_rank_metric`.
     trajectory : whether to learn ChEES's trajectory length.
     early_stop : whether a window whose chains agree ends the slow windows.
     restart_stranded : whether stranded chains restart from healthy ones at the end.
@@ -357,6 +374,7 @@ class EnsembleWarmup:
     target_accept: float = 0.8
     adapt_metric: bool = True
     dense: bool = False
+    low_rank: LowRank | None = None
     trajectory: bool = False
     early_stop: bool = True
     restart_stranded: bool = True
@@ -400,6 +418,10 @@ class EnsembleWarmup:
             torch.zeros(chains, dtype=torch.bool, device=keys.device),
             state.position.new_zeros(0),
         )
+        if self.low_rank is not None and self.adapt_metric and self.schedule.adapts_metric:
+            like = state.position.new_zeros((chains, state.position.shape[1]))
+            window = window_init(like, window_length(self.schedule.windows))
+            adaptation = adaptation._replace(window=window)
         return adaptation, Params(common.expand(own).clone(), params.metric, length)
 
     def update(
@@ -482,7 +504,11 @@ class EnsembleWarmup:
             trajectory = adam_ascent(trajectory, gradient)
         metric, skip_to, changed = params.metric, None, False
         windows = schedule.windows if self.adapt_metric else []
-        in_window = any(first <= iteration <= last for first, last in windows)
+        current = [first for first, last in windows if first <= iteration <= last]
+        in_window = bool(current)
+        if in_window and adaptation.window is not None:
+            slots = torch.full_like(healthy, iteration - current[0], dtype=torch.int64)
+            window_add(adaptation.window, tensors.position, tensors.grad, healthy, slots)
         if in_window:
             adaptation = adaptation._replace(
                 position=moments_add(adaptation.position, tensors.position[healthy]),
@@ -500,8 +526,7 @@ class EnsembleWarmup:
                 adaptation = adaptation._replace(restarted=adaptation.restarted | stranded)
         own_state = State(*map(self._own_rows, tensors)) if changed else own_state
         if ends_window:
-            inverse = pooled_inverse_metric(adaptation.position, adaptation.gradient)
-            metric = metric_from_inverse(inverse[None].expand(own, *inverse.shape).clone())
+            metric, inverse = self._window_metric(adaptation, own, params.metric[0].dtype)
             searched, counter = self.search(
                 own_state, step_size.expand(own).clone(), metric, keys, adaptation.search_counter
             )
@@ -549,6 +574,24 @@ class EnsembleWarmup:
         if changed:
             state = State(*(x.numpy() for x in own_state)) if on_numpy else own_state
         return Pooled(adaptation, new_params, state, skip_to)
+
+    def _window_metric(
+        self, adaptation: EnsembleState, own: int, dtype: torch.dtype
+    ) -> tuple[Metric, torch.Tensor]:
+        """The metric of the window that ends, for ``own`` chains in ``dtype``, and its
+        inverse metric ``(D,)`` or ``(D, D)`` (the low-rank one's diagonal): from the
+        pooled moments, or for the low-rank metric from the window's draws, whose buffer
+        then starts the next window empty."""
+        window = adaptation.window
+        if window is None:
+            inverse = pooled_inverse_metric(adaptation.position, adaptation.gradient)
+            return metric_from_inverse(inverse[None].expand(own, *inverse.shape).clone()), inverse
+        dim = window.position.shape[-1]
+        pooled = (window.position, window.gradient, window.kept)
+        estimate = low_rank_metric(*(x.reshape(1, -1, *x.shape[2:]) for x in pooled), self.low_rank)
+        window.kept.fill_(False)
+        metric = LowRankMetric(*(x.to(dtype).expand(own, *x.shape[1:]).clone() for x in estimate))
+        return metric, inverse_diagonal(estimate)[0].to(dtype).reshape(dim)
 
     def _gather_chains(self, *rows: torch.Tensor) -> list[torch.Tensor]:
         """Every chain's ``rows`` (each ``(C, ...)``, the chains of this process; floating

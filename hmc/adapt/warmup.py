@@ -40,6 +40,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hmc.adapt.low_rank import (
+    LowRank,
+    WindowDraws,
+    low_rank_metric,
+    window_add,
+    window_init,
+    window_length,
+)
 from hmc.adapt.schedule import WarmupSchedule
 from hmc.adapt.step_size import (
     DualAveragingState,
@@ -48,9 +56,9 @@ from hmc.adapt.step_size import (
     dual_averaging_update,
 )
 from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, welford_update
-from hmc.arrays import as_arrays, as_tensors, namespace
+from hmc.arrays import as_arrays, as_tensors, map_record, namespace
 from hmc.metric import Metric, metric_from_inverse
-from hmc.state import Params, Proposal, State, take_rows, where_rows
+from hmc.state import Params, Proposal, State, put_rows, take_rows, where_rows
 
 __all__ = ["StanWarmup", "StepSizeSearch", "WarmupState"]
 
@@ -63,12 +71,15 @@ type StepSizeSearch = Callable[
 
 
 class WarmupState(NamedTuple):
-    """Per-chain adaptation state: dual averaging, (co)variance estimate, and the
-    counters of the step-size search's random stream ``(C,)``."""
+    """Per-chain adaptation state: dual averaging, (co)variance estimate (for the low-rank
+    metric a diagonal one, whose count numbers the window's draws), the counters of the
+    step-size search's random stream ``(C,)``, and for the low-rank metric each chain's
+    draws and gradients of its current window (None otherwise)."""
 
     dual_averaging: DualAveragingState
     welford: WelfordState
     search_counter: torch.Tensor
+    window: WindowDraws | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,9 @@ class StanWarmup:
     target_accept : dual averaging's target acceptance statistic.
     adapt_metric : whether the metric is estimated in the slow windows.
     dense : whether the estimate is a full covariance.
+    low_rank : for the low-rank metric, its options: each chain's window keeps its draws
+        and gradients, and at the window's end its metric becomes
+        :func:`hmc.adapt.low_rank.low_rank_metric` of them.
     """
 
     schedule: WarmupSchedule
@@ -89,6 +103,7 @@ class StanWarmup:
     target_accept: float = 0.8
     adapt_metric: bool = True
     dense: bool = False
+    low_rank: LowRank | None = None
     #: each chain adapts on its own: the driver never waits for the others
     lockstep = False
 
@@ -104,7 +119,10 @@ class StanWarmup:
         counter = torch.zeros_like(keys)
         step_size, counter = self.search(state, params.step_size, params.metric, keys, counter)
         da = dual_averaging_init(step_size, shrink_towards=params.step_size)
-        adaptation = WarmupState(da, welford_init(state.position, self.dense), counter)
+        window = None
+        if self.low_rank is not None and self.adapt_metric and self.schedule.adapts_metric:
+            window = window_init(state.position, window_length(self.schedule.windows))
+        adaptation = WarmupState(da, welford_init(state.position, self.dense), counter, window)
         return adaptation, Params(step_size, params.metric)
 
     def update(
@@ -140,9 +158,12 @@ class StanWarmup:
         if not (self.adapt_metric and schedule.adapts_metric):
             return adaptation, Params(step_size, params.metric)
         in_window = schedule.in_window[t] & done
-        adaptation = adaptation._replace(
-            welford=welford_update(adaptation.welford, state.position, in_window)
-        )
+        welford = adaptation.welford
+        if adaptation.window is not None:  # the draw's slot: its number in the window
+            slots = welford.count.astype(np.int64) if xp is np else welford.count.long()
+            slots = slots.clip(0, adaptation.window.kept.shape[1] - 1)
+            window_add(adaptation.window, state.position, state.grad, in_window, slots)
+        adaptation = adaptation._replace(welford=welford_update(welford, state.position, in_window))
         if not window_ends:
             return adaptation, Params(step_size, params.metric)
         ending = schedule.window_end[t] & done
@@ -174,8 +195,14 @@ class StanWarmup:
         from their positions and dual averaging restarts around what it finds. Tensors;
         returns the adaptation, the step sizes ``(C,)`` and the metric."""
         welford, counter = adaptation.welford, adaptation.search_counter
-        inverse = metric.inverse.index_copy(0, ends, welford_covariance(take_rows(welford, ends)))
-        metric = metric_from_inverse(inverse)
+        window = adaptation.window
+        if window is not None:
+            estimate = low_rank_metric(*take_rows(window, ends), self.low_rank)
+            metric = put_rows(metric, ends, map_record(lambda x: x.to(metric[0].dtype), estimate))
+            window.kept.index_fill_(0, ends, False)  # in place: a NumPy engine's array too
+        else:
+            estimate = welford_covariance(take_rows(welford, ends))
+            metric = metric_from_inverse(metric.inverse.index_copy(0, ends, estimate))
         cleared = welford_init(state.position, welford.m2.dim() == 3)
         welford = WelfordState(
             *(
@@ -194,7 +221,7 @@ class StanWarmup:
         counter = counter.index_copy(0, ends, new_counter)
         is_end = torch.zeros_like(step_size, dtype=torch.bool).index_fill(0, ends, True)
         da = where_rows(is_end, dual_averaging_init(step_size), adaptation.dual_averaging)
-        return WarmupState(da, welford, counter), step_size, metric
+        return WarmupState(da, welford, counter, window), step_size, metric
 
     def final(self, adaptation: WarmupState, params: Params, leaving: torch.Tensor) -> Params:
         """The parameters for sampling of the chains ``leaving`` warmup ``(C,)``: their

@@ -37,7 +37,7 @@ import torch
 from hmc.arrays import as_arrays, namespace, to_float64, to_int64
 from hmc.integrators import leapfrog, leapfrog_lockstep
 from hmc.kernels.base import Params, Phase, Proposal, Step
-from hmc.metric import DenseMetric, DiagonalMetric, Metric
+from hmc.metric import Metric, metric_from_fields
 from hmc.potential import Potential
 from hmc.random import Stream, normal, uniform
 from hmc.state import State, put_rows, take_rows, where_rows
@@ -177,7 +177,7 @@ class HMC:
         chains run in lockstep, so they all have the same number of transitions left:
         the driver stops calling when none is (``phase`` changes nothing here)."""
         chains, dim = kernel_state.state.position.shape
-        dtype = params.metric.inverse.dtype
+        dtype = params.metric[0].dtype
         block = kernel_state.block
         size = max(1, min(MAX_BLOCK, BLOCK_VALUES // (chains * (dim + 2))))
         slot = kernel_state.transitions % size
@@ -350,9 +350,10 @@ class HMC:
         """One transition of every chain in torch operations, the function the energy
         compiles: the state ``(C, D)``, ``(C,)``, ``(C, D)``, the random numbers, the step
         sizes ``(C,)``, the steps ``(C,)`` int64 and the metric's fields (diagonal
-        ``(C, D)`` or dense ``(C, D, D)``). Returns the new state, the statistics, and
-        the proposal's position and velocity before the test, as plain tuples."""
-        metric = _METRICS[metric_fields[0].dim()](*metric_fields)
+        ``(C, D)``, dense ``(C, D, D)``, or the low-rank metric's three). Returns the new
+        state, the statistics, and the proposal's position and velocity before the test,
+        as plain tuples."""
+        metric = metric_from_fields(*metric_fields)
         state = State(position, potential_energy, grad)
         momentum = metric.momentum(noise)
         start_energy = potential_energy + metric.kinetic_energy(momentum)
@@ -389,10 +390,6 @@ class HMC:
             max_energy_error=abs(error),
         )
         return new_state, info
-
-
-#: the metric record of a compiled transition, by the number of dimensions of its fields
-_METRICS = {2: DiagonalMetric, 3: DenseMetric}
 
 
 def _one_step(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
