@@ -203,9 +203,10 @@ def test_the_readme_example_stays_eager_by_the_measured_cost():
     assert re.match(r"eager: 7[01]\d\d iterations left", decision), decision
 
 
+@pytest.mark.slow  # compiles NUTS's trees: 20 s
 def test_auto_compiles_where_the_expected_saving_exceeds_the_cost(monkeypatch):
     """With compiling expected to cost nothing, the decision a tenth into the run
-    compiles the energy (NUTS) and the run says why."""
+    compiles (NUTS's trees) and the run says why."""
     monkeypatch.setattr(
         hmc.potential, "COMPILE_COST", dict.fromkeys(hmc.potential.COMPILE_COST, 0.0)
     )
