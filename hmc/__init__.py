@@ -10,7 +10,7 @@ and gradient reuse through a shared inner function (``shared_inner_grads``).
 from hmc import models
 from hmc.autodiff import shared_inner_grads, tempered_value_and_grad
 from hmc.integrators import leapfrog
-from hmc.kernels import HMC, NUTS, ChEES, Params
+from hmc.kernels import HMC, MAMS, NUTS, ChEES, Params
 from hmc.memo import MemoCache
 from hmc.metric import DenseMetric, DiagonalMetric, metric_from_inverse
 from hmc.nested_rhat import nested_rhat
@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HMC",
+    "MAMS",
     "NUTS",
     "ChEES",
     "DenseMetric",

@@ -22,6 +22,7 @@ from hmc.atomic import check_writable_file
 from hmc.kernels.base import Kernel
 from hmc.kernels.chees import ChEES
 from hmc.kernels.hmc import HMC
+from hmc.kernels.mams import MAMS
 from hmc.kernels.nuts import NUTS
 from hmc.potential import compile_choice
 from hmc.progress import DisplayFactory
@@ -50,6 +51,8 @@ ADAPTATIONS = ("stan", "ensemble")
 #: ChEES's default target for the harmonic mean of the acceptance probabilities (the
 #: optimum for HMC on Gaussians, Beskos et al. 2013); NUTS and HMC target 0.8 (Stan)
 CHEES_TARGET_ACCEPT = 0.651
+#: MAMS's default target for the mean acceptance probability (BlackJAX's adjusted MCLMC)
+MAMS_TARGET_ACCEPT = 0.9
 #: ``hmc.sample(compile="auto")`` decides whether to compile once a tenth of the run's
 #: iterations are done, and at least this many (:func:`compile_decision_at`)
 AUTO_DECISION_ITERATIONS = 20
@@ -57,7 +60,12 @@ AUTO_DECISION_ITERATIONS = 20
 MAX_WARMUP = 10**9
 #: iterations between checkpoints when ``checkpoint=`` is given alone
 DEFAULT_CHECKPOINT_EVERY = 100
-KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS, "chees": ChEES}
+KERNELS: dict[str, Callable[[], Kernel]] = {
+    "hmc": HMC,
+    "nuts": NUTS,
+    "chees": ChEES,
+    "mams": MAMS,
+}
 
 
 class Settings(NamedTuple):
@@ -105,7 +113,7 @@ def validate(**kw: Any) -> Settings:
         kernel = KERNELS[kernel.lower()]()
     elif isinstance(kernel, type) or not (hasattr(kernel, "step") and hasattr(kernel, "init")):
         raise TypeError(
-            "kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS, hmc.ChEES), "
+            "kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS, hmc.ChEES, hmc.MAMS), "
             f"got {kernel!r}"
         )
     adapt = _adaptation(kw["adapt"], kernel)
@@ -115,7 +123,13 @@ def validate(**kw: Any) -> Settings:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     target_accept = kw["target_accept"]
     if target_accept is None:
-        target_accept = CHEES_TARGET_ACCEPT if isinstance(kernel, ChEES) else 0.8
+        target_accept = (
+            CHEES_TARGET_ACCEPT
+            if isinstance(kernel, ChEES)
+            else MAMS_TARGET_ACCEPT
+            if isinstance(kernel, MAMS)
+            else 0.8
+        )
     if not isinstance(target_accept, int | float) or not 0 < target_accept < 1:
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
     step = kw["step_size"]
