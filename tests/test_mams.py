@@ -1,0 +1,282 @@
+"""MAMS (``kernel="mams"``): the isokinetic update against a hand computation, the
+integrator's second order, the step-count jitter, the Metropolis test, the kernel's
+invariance on a correlated Gaussian at a fixed step size, compiled against eager draws,
+whole runs with both warmups, the length per step size (no collapse to one step),
+NaN log densities as divergences (checkpoints: tests/test_checkpoint.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_moments, gaussian_log_prob
+
+import hmc
+from hmc.isokinetic import isokinetic_leapfrog, momentum_update, unit_momentum
+from hmc.kernels.chees import halton
+from hmc.kernels.mams import jitter_scale
+from hmc.metric import metric_from_inverse
+from hmc.potential import Potential
+from hmc.random import chain_keys
+from hmc.state import Params, State
+
+F64 = torch.float64
+MEAN = np.array([1.0, -2.0])
+COV = np.array([[1.0, 0.8], [0.8, 2.0]])
+
+
+def hand_update(u, force, t):
+    """The isokinetic momentum update of one chain as BlackJAX writes it (NumPy, D > 1):
+    the new unit momentum and ``(D - 1) (delta - log 2 + log(1 + u.e + (1 - u.e) z^2))``."""
+    d = u.size
+    e = force / np.linalg.norm(force)
+    delta = t * np.linalg.norm(force) / (d - 1)
+    zeta = math.exp(-delta)
+    proj = u @ e
+    raw = e * (1 - zeta) * (1 + zeta + proj * (1 - zeta)) + 2 * zeta * u
+    change = (d - 1) * (delta - math.log(2) + math.log(1 + proj + (1 - proj) * zeta**2))
+    return raw / np.linalg.norm(raw), change
+
+
+def test_one_isokinetic_step_against_a_hand_computation():
+    """A leapfrog step under a diagonal metric on a Gaussian: position, momentum and
+    energy error against the formulas worked through by hand in NumPy."""
+    rng = np.random.default_rng(0)
+    precision = np.diag([1.0, 4.0, 0.25])
+    inverse = np.array([0.5, 2.0, 3.0])
+    q = rng.normal(size=3)
+    u = rng.normal(size=3)
+    u /= np.linalg.norm(u)
+    eps = 0.3
+    s = np.sqrt(inverse)
+    grad = lambda x: precision @ x  # noqa: E731
+    energy = lambda x: 0.5 * x @ precision @ x  # noqa: E731
+    u1, k1 = hand_update(u, -s * grad(q), eps / 2)
+    q1 = q + eps * s * u1
+    u2, k2 = hand_update(u1, -s * grad(q1), eps / 2)
+    error = energy(q1) - energy(q) + k1 + k2
+
+    def value_and_grad(x):
+        return 0.5 * ((x @ torch.as_tensor(precision)) * x).sum(-1), x @ torch.as_tensor(precision)
+
+    x = torch.as_tensor(q)[None]
+    state = State(x, *value_and_grad(x))
+    metric = metric_from_inverse(torch.as_tensor(inverse)[None])
+    moved = isokinetic_leapfrog(
+        state, torch.as_tensor(u)[None], torch.tensor([[eps]], dtype=F64), metric, value_and_grad
+    )
+    np.testing.assert_allclose(moved.state.position[0].numpy(), q1, rtol=1e-12)
+    np.testing.assert_allclose(moved.momentum[0].numpy(), u2, rtol=1e-12, atol=1e-14)
+    total = moved.state.potential[0] - state.potential[0] + moved.kinetic_change[0]
+    np.testing.assert_allclose(float(total), error, rtol=1e-10)
+    assert abs(error) > 1e-4  # a step large enough for the energy error to show
+
+
+def test_the_update_without_cancellation_and_with_no_force():
+    """At a small ``delta`` the ``log1p`` form keeps the digits BlackJAX's form loses; a
+    zero force keeps the momentum, with no energy change."""
+    u = np.array([0.6, 0.8, 0.0])
+    force = np.array([0.0, 1.0, 0.0])
+    t = 1e-9
+    _, change = momentum_update(
+        torch.as_tensor(u)[None], -torch.as_tensor(force)[None], torch.tensor([[t]], dtype=F64),
+        metric_from_inverse(torch.ones(1, 3, dtype=F64)),
+    )  # fmt: skip
+    # d/dt of the change at t = 0 is |f| (u . e) = 0.8: the first-order term, exactly
+    np.testing.assert_allclose(float(change[0]), 0.8 * t, rtol=1e-6)
+    zero = torch.zeros(1, 3, dtype=F64)
+    same, none = momentum_update(
+        torch.as_tensor(u)[None], zero, torch.tensor([[0.5]], dtype=F64),
+        metric_from_inverse(torch.ones(1, 3, dtype=F64)),
+    )  # fmt: skip
+    np.testing.assert_allclose(same[0].numpy(), u, rtol=1e-15)
+    assert float(none[0]) == 0.0
+
+
+def test_the_energy_error_falls_as_the_square_of_the_step_size():
+    """Over a fixed time on a non-Gaussian density, halving the step size divides the
+    energy error by about 4: the integrator is second order and the kinetic energy change
+    is the right one (a wrong sign or factor leaves an O(1) error)."""
+    potential = Potential(lambda q: -0.5 * (q**2).sum() - 0.1 * q[0] ** 4 + torch.sin(q[1]))
+    x = torch.tensor([[0.7, -0.4, 1.1]], dtype=F64)
+    u = unit_momentum(torch.tensor([[0.3, 1.0, -0.5]], dtype=F64))
+    metric = metric_from_inverse(torch.tensor([[1.0, 0.5, 2.0]], dtype=F64))
+    errors = []
+    for steps in (20, 40, 80):
+        state, p, change = State(x, *potential.value_and_grad(x)), u, 0.0
+        start = state.potential
+        for _ in range(steps):
+            state, p, k = isokinetic_leapfrog(
+                state, p, torch.tensor([[2.0 / steps]], dtype=F64), metric,
+                potential.value_and_grad,
+            )  # fmt: skip
+            change = change + k
+        errors.append(abs(float(state.potential - start + change)))
+    assert errors[0] > 1e-4
+    assert 3.5 < errors[0] / errors[1] < 4.5 and 3.5 < errors[1] / errors[2] < 4.5
+
+
+def test_the_jitter_has_the_mean_number_of_steps():
+    """``ceil(h s)`` with ``h`` uniform has the mean ``L / eps`` exactly (summed over its
+    values), and over 4096 Halton numbers to 1e-3."""
+    means = torch.tensor([1.0, 1.2, 2.0, 3.7, 10.0, 55.5], dtype=F64)
+    s = jitter_scale(means)
+    for mean, scale in zip(means.tolist(), s.tolist(), strict=True):
+        k = math.floor(scale)
+        exact = (sum(range(1, k + 1)) + (k + 1) * (scale - k)) / scale
+        assert exact == pytest.approx(mean, rel=1e-12)
+    h = halton(torch.arange(1, 4097))
+    steps = torch.ceil(h[:, None] * s)
+    np.testing.assert_allclose(steps.mean(0).numpy(), means.numpy(), rtol=1e-3)
+    kernel = hmc.MAMS()
+    params = Params(torch.full((3,), 0.5, dtype=F64), None, torch.tensor([0.1, 2.0, 4000.0]))
+    drawn = kernel._num_steps(params, torch.tensor([0.999, 0.999, 0.999], dtype=F64))
+    assert drawn.tolist() == [1, 7, 1024]  # at least one step, at most max_steps
+
+
+def transition(log_prob, step_size, length, q, counter=0):
+    """One MAMS transition of every chain of ``q`` ``(C, D)``, unit metric."""
+    potential = Potential(log_prob, batched=True)
+    chains, dim = q.shape
+    params = Params(
+        torch.full((chains,), step_size, dtype=F64),
+        metric_from_inverse(torch.ones(chains, dim, dtype=F64)),
+        torch.full((chains,), length, dtype=F64),
+    )
+    state = State(q, *potential.value_and_grad(q))
+    keys = chain_keys(3, torch.arange(chains))
+    counters = torch.full((chains,), counter)
+    new, info = hmc.MAMS().transition(state, params, potential, keys, counters)
+    return state, new, info
+
+
+def test_the_accept_probability_is_that_of_the_energy_error():
+    """A one-step transition: the acceptance probability is ``min(1, exp(-W))`` of its
+    energy error; a proposal is kept where the uniform falls below it."""
+    log_prob = gaussian_log_prob(MEAN, COV)
+    q = torch.randn(64, 2, generator=torch.Generator().manual_seed(0), dtype=F64)
+    state, new, info = transition(log_prob, 1.5, 1.5, q)
+    assert (info.n_steps == 1).all()
+    error = info.max_energy_error  # |W|, the test's own number
+    moved = (new.position != state.position).any(1)
+    accepted_error = info.energy_error[moved]
+    np.testing.assert_allclose(
+        info.acceptance_rate[moved].numpy(), np.exp(-accepted_error.clip(min=0).numpy()),
+        rtol=1e-12,
+    )  # fmt: skip
+    assert 0 < moved.sum() < 64 and (error[moved] == accepted_error.abs()).all()
+    rejected = ~moved
+    assert (info.energy_error[rejected] == 0).all() and (info.acceptance_rate[rejected] < 1).all()
+
+
+def test_a_nan_log_density_is_a_rejected_divergence():
+    """Where the log density is NaN the transition is divergent and rejected, with
+    nothing NaN in the state or the statistics."""
+
+    def log_prob(q):
+        lp = -0.5 * (q**2).sum(-1)
+        return torch.where(q[:, 0] > 0.5, torch.nan, lp)
+
+    q = torch.tensor([[0.0, 0.0], [-1.0, 0.3]], dtype=F64)
+    state, new, info = transition(log_prob, 0.1, 3.0, q)  # 30 steps: many cross x > 0.5
+    assert info.diverging.any()
+    assert (new.position[info.diverging] == state.position[info.diverging]).all()
+    for x in (*new, *info[:-1]):  # the last, |W|, is +inf where divergent (as for HMC)
+        assert torch.isfinite(x.to(F64)).all()
+    assert (info.max_energy_error[info.diverging] == math.inf).all()
+
+
+def sample(log_prob, **kw):
+    options = dict(chains=4, warmup=300, draws=1000, seed=2, progress=False, batched=True)
+    return hmc.sample(log_prob, **{**options, **kw})
+
+
+def test_the_kernel_leaves_a_correlated_gaussian_invariant():
+    """A fixed step size and length, no warmup, under the identity metric: means,
+    variances and the correlation within MCSE."""
+    dt = sample(
+        gaussian_log_prob(MEAN, COV), dim=2, warmup=0, draws=3000, step_size=0.4,
+        kernel=hmc.MAMS(trajectory_length=2.0), metric="identity", init=torch.tensor(MEAN),
+    )  # fmt: skip
+    assert_moments(dt["posterior"]["x"].values, MEAN, COV)
+    assert dt["sample_stats"]["n_steps"].values.mean() == pytest.approx(5.0, rel=1e-2)
+
+
+def test_a_compiled_transition_gives_the_eager_draws():
+    """The same seed, step size and length: the compiled graph and the eager transition
+    (NumPy engine) give the same draws to 1e-10, the same steps and evaluations."""
+
+    def wavy(q):
+        return -0.5 * (q**2).sum() + torch.sin(q[0] * q[1]) - 0.1 * torch.logsumexp(q, 0) ** 2
+
+    runs = [
+        hmc.sample(
+            wavy, dim=3, chains=6, warmup=0, draws=100, step_size=0.35, seed=3, progress=False,
+            kernel=hmc.MAMS(trajectory_length=2.0), compile=compile, engine="numpy",
+        )
+        for compile in (True, False)
+    ]  # fmt: skip
+    compiled, eager = runs
+    assert compiled.attrs["compiled"] == 1 and eager.attrs["compiled"] == 0
+    np.testing.assert_allclose(
+        compiled["posterior"]["x"].values, eager["posterior"]["x"].values, atol=1e-10
+    )
+    for name in ("n_steps", "diverging"):
+        np.testing.assert_array_equal(
+            compiled["sample_stats"][name].values, eager["sample_stats"][name].values
+        )
+    np.testing.assert_allclose(
+        compiled["sample_stats"]["energy_error"].values,
+        eager["sample_stats"]["energy_error"].values, atol=1e-10,
+    )  # fmt: skip
+    assert compiled.attrs["n_gradient_evaluations"] == eager.attrs["n_gradient_evaluations"]
+    assert 0.3 < eager["sample_stats"]["acceptance_rate"].values.mean() < 1
+
+
+ILL_SD = np.geomspace(0.1, 10.0, 10)
+
+
+def ill_conditioned(q):
+    return -0.5 * ((q / torch.as_tensor(ILL_SD)) ** 2).sum(-1)
+
+
+@pytest.mark.parametrize(("adapt", "chains"), [("stan", 4), ("ensemble", 32)])
+def test_a_run_adapts_to_an_ill_conditioned_gaussian(adapt, chains):
+    """Warmup learns the metric, the step size (acceptance near 0.9) and a trajectory
+    length; the draws have the Gaussian's means and variances, and the transitions take
+    ``L / eps`` steps on average (not one: BlackJAX's collapse to MALA)."""
+    dt = sample(ill_conditioned, dim=10, adapt=adapt, chains=chains, draws=500, kernel="mams")
+    assert_moments(dt["posterior"]["x"].values, np.zeros(10), ILL_SD**2)
+    stats, adaptation = dt["sample_stats"], dt["adaptation"]
+    assert 0.8 < stats["acceptance_rate"].values.mean() < 0.99
+    assert not stats["diverging"].values.any()
+    expected = (adaptation["trajectory_length"] / adaptation["step_size"]).values  # (chain,)
+    np.testing.assert_allclose(stats["n_steps"].values.mean(1), expected, rtol=0.02)
+    assert expected.min() > 1.3  # far enough from one step for the comparison to tell
+
+
+def test_nan_log_densities_shrink_the_step_size_in_warmup():
+    """A density that is NaN beyond a radius, started with a step size far too large:
+    warmup's transitions into the NaN region are divergent, dual averaging shrinks the
+    step size, and no NaN reaches the output."""
+
+    def log_prob(q):
+        lp = -0.5 * (q**2).sum(-1)
+        return torch.where((q**2).sum(-1) > 16.0, torch.nan, lp)
+
+    dt = sample(log_prob, dim=3, warmup=150, draws=200, step_size=30.0, kernel="mams",
+                save_warmup=True, init=0.5)  # fmt: skip
+    warm = dt["warmup_sample_stats"]
+    assert warm["diverging"].values[:, :20].any()
+    assert (dt["adaptation"]["step_size"].values < 3.0).all()
+    assert np.isfinite(dt["posterior"]["x"].values).all()
+    assert np.isfinite(dt["sample_stats"]["energy"].values).all()
+
+
+def test_mams_is_refused_in_one_dimension():
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        hmc.sample(lambda q: -0.5 * (q**2).sum(), dim=1, kernel="mams", progress=False)
+    with pytest.raises(ValueError, match="num_steps"):
+        hmc.MAMS(num_steps=3)
