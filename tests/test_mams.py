@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import assert_moments, gaussian_log_prob
+from conftest import assert_moments, gaussian_log_prob, mcse_z_scores, z_bound
 
 import hmc
 from hmc.isokinetic import isokinetic_leapfrog, momentum_update, unit_momentum
@@ -257,6 +257,7 @@ def test_a_run_adapts_to_an_ill_conditioned_gaussian(adapt, chains):
     assert expected.min() > 1.3  # far enough from one step for the comparison to tell
 
 
+@pytest.mark.filterwarnings("ignore:.*were divergent")
 def test_nan_log_densities_shrink_the_step_size_in_warmup():
     """A density that is NaN beyond a radius, started with a step size far too large:
     warmup's transitions into the NaN region are divergent, dual averaging shrinks the
@@ -280,3 +281,38 @@ def test_mams_is_refused_in_one_dimension():
         hmc.sample(lambda q: -0.5 * (q**2).sum(), dim=1, kernel="mams", progress=False)
     with pytest.raises(ValueError, match="num_steps"):
         hmc.MAMS(num_steps=3)
+
+
+def banana(q):
+    """Haario's banana: ``x1 ~ N(0, 100)``, ``x2 - 0.03 (x1^2 - 100) ~ N(0, 1)``, whose
+    ``x2`` has mean 0 and variance ``1 + 2 (0.03 * 100)^2 = 19``, uncorrelated with ``x1``."""
+    x1, x2 = q[..., 0], q[..., 1]
+    return -0.5 * (x1**2 / 100 + (x2 - 0.03 * (x1**2 - 100)) ** 2)
+
+
+def funnel(q):
+    """Neal's funnel in 10 dimensions: ``v ~ N(0, 9)``, ``x_i | v ~ N(0, e^v)``."""
+    v, x = q[..., 0], q[..., 1:]
+    return -0.5 * v**2 / 9 - 0.5 * (x**2).sum(-1) * torch.exp(-v) - 0.5 * x.shape[-1] * v
+
+
+@pytest.mark.slow  # 20 s
+def test_a_run_draws_the_banana():
+    dt = sample(banana, dim=2, warmup=1000, draws=2000, kernel="mams")
+    assert_moments(dt["posterior"]["x"].values, np.zeros(2), np.diag([100.0, 19.0]))
+    assert not dt["sample_stats"]["diverging"].values.any()
+
+
+@pytest.mark.slow  # 20 s
+def test_a_pooled_run_draws_the_funnels_neck():
+    """At a target acceptance of 0.99 (the paper's setting for the funnel), pooled over
+    64 chains: the mean, variance and 5 % and 95 % quantile indicators of ``v`` within
+    MCSE of the exact ``N(0, 9)``."""
+    dt = sample(funnel, dim=10, chains=64, warmup=1000, draws=2000, kernel="mams",
+                adapt="ensemble", target_accept=0.99)  # fmt: skip
+    v = dt["posterior"]["x"].values[..., 0]
+    quantile = 3 * 1.6448536269514722
+    values = np.stack((v, v**2, v < -quantile, v > quantile), -1).astype(float)
+    z, _, _ = mcse_z_scores(values, np.array([0.0, 9.0, 0.05, 0.05]))
+    assert (np.abs(z) < z_bound(4)).all(), z
+    assert dt["sample_stats"]["diverging"].values.mean() < 1e-3
