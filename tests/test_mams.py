@@ -316,3 +316,20 @@ def test_a_pooled_run_draws_the_funnels_neck():
     z, _, _ = mcse_z_scores(values, np.array([0.0, 9.0, 0.05, 0.05]))
     assert (np.abs(z) < z_bound(4)).all(), z
     assert dt["sample_stats"]["diverging"].values.mean() < 1e-3
+
+
+def test_a_chains_draws_do_not_depend_on_the_chains_beside_it():
+    """Stan's warmup adapts each chain on its own, trajectory length included: the first
+    two chains of a run of four are those of a run of two (to rounding)."""
+    runs = [
+        sample(ill_conditioned, dim=10, chains=chains, warmup=150, draws=50, kernel="mams")
+        for chains in (2, 4)
+    ]
+    two, four = runs
+    np.testing.assert_allclose(
+        four["posterior"]["x"].values[:2], two["posterior"]["x"].values, rtol=1e-10, atol=1e-10
+    )
+    np.testing.assert_allclose(
+        four["adaptation"]["trajectory_length"].values[:2],
+        two["adaptation"]["trajectory_length"].values, rtol=1e-10,
+    )  # fmt: skip
