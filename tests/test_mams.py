@@ -333,3 +333,28 @@ def test_a_chains_draws_do_not_depend_on_the_chains_beside_it():
         four["adaptation"]["trajectory_length"].values[:2],
         two["adaptation"]["trajectory_length"].values, rtol=1e-10,
     )  # fmt: skip
+
+
+def test_without_warmup_the_kernels_own_length_is_used():
+    """No warmup, the step size from the heuristic alone: the steps follow the kernel's
+    ``trajectory_length`` over that step size."""
+    dt = sample(
+        ill_conditioned, dim=10, warmup=0, draws=256, kernel=hmc.MAMS(trajectory_length=3.0)
+    )
+    step_size = dt["adaptation"]["step_size"].values
+    assert "trajectory_length" not in dt["adaptation"]
+    np.testing.assert_allclose(
+        dt["sample_stats"]["n_steps"].values.mean(1), 3.0 / step_size, rtol=0.02
+    )
+
+
+def test_a_stored_run_holds_the_draws_of_one_in_memory(tmp_path):
+    options = dict(dim=10, warmup=100, draws=60, kernel="mams")
+    held = sample(ill_conditioned, **options)
+    stored = sample(ill_conditioned, store=tmp_path / "run.nc", **options)
+    np.testing.assert_array_equal(stored["posterior"]["x"].values, held["posterior"]["x"].values)
+    np.testing.assert_array_equal(
+        stored["adaptation"]["trajectory_length"].values,
+        held["adaptation"]["trajectory_length"].values,
+    )
+    stored.close()

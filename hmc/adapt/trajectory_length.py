@@ -40,7 +40,7 @@ from hmc.adapt.ensemble import EnsembleState, EnsembleWarmup, Pooled
 from hmc.adapt.schedule import WarmupSchedule
 from hmc.adapt.warmup import StanWarmup, WarmupState
 from hmc.arrays import namespace
-from hmc.diagnostics import ess
+from hmc.diagnostics import MIN_DRAWS, ess
 from hmc.state import Params, Proposal, State
 
 __all__ = [
@@ -78,10 +78,11 @@ def traced_coordinates(dim: int) -> np.ndarray:
 
 
 def autocorrelation_length(trace: np.ndarray, length: np.ndarray, pooled: bool) -> np.ndarray:
-    """The new trajectory lengths ``(C,)`` from the draws ``trace`` ``(C, N, K)`` made with
-    the lengths ``length`` ``(C,)``: ``LENGTH_FACTOR * L * tau``, at most ``MAX_GROWTH *
-    L``, with ``tau = N / mean_k ESS_k`` each chain's own (or, ``pooled``, all chains'
-    together: ``C N / mean_k ESS_k``); a length whose ESS is not finite stays."""
+    """The new trajectory lengths from the draws ``trace`` ``(C, N, K)`` made with the
+    lengths ``length`` (``(C,)``, or one for all chains when ``pooled``):
+    ``LENGTH_FACTOR * L * tau``, at most ``MAX_GROWTH * L``, with ``tau = N / mean_k
+    ESS_k`` each chain's own, or, ``pooled``, all chains' together (``C N / mean_k
+    ESS_k``); a length whose ESS is not finite stays."""
     chains, draws, coordinates = trace.shape
     groups = [trace] if pooled else [trace[c : c + 1] for c in range(chains)]
     tau = np.array(
@@ -92,7 +93,6 @@ def autocorrelation_length(trace: np.ndarray, length: np.ndarray, pooled: bool) 
             for group in groups
         ]
     )
-    tau = np.broadcast_to(tau, (chains,))
     new = np.minimum(LENGTH_FACTOR * length * tau, MAX_GROWTH * length)
     return np.where(np.isfinite(new) & (new > 0), new, length)
 
@@ -125,16 +125,21 @@ def _stage(schedule: WarmupSchedule, pooled: bool) -> tuple[int, int] | None:
     first, last = schedule.windows[-1]
     if pooled:
         terminal = schedule.num_warmup - 1 - last
-        if terminal < 2 * 4:  # too few draws for an ESS
+        if terminal // 2 < 2 * MIN_DRAWS:  # too few draws for an ESS of split chains
             return None
         return last + 1, last + terminal // 2
     return max(first, last - MAX_STAGE + 1), last
 
 
-def _initial(params: Params, trace_shape: tuple[int, int, int]) -> tuple[Params, torch.Tensor]:
-    """The parameters with :data:`INITIAL_STEPS` steps per trajectory, and an empty trace."""
+def _initial(
+    params: Params, schedule: WarmupSchedule, trace_shape: tuple[int, int, int]
+) -> tuple[Params, torch.Tensor]:
+    """The parameters with :data:`INITIAL_STEPS` steps per trajectory (the kernel's own
+    length without warmup: only the step-size heuristic ran), and an empty trace."""
     step_size = params.step_size
     trace = step_size.new_zeros(trace_shape)
+    if schedule.num_warmup == 0:
+        return params, trace
     return params._replace(trajectory_length=INITIAL_STEPS * step_size), trace
 
 
@@ -157,7 +162,9 @@ class StanLengthWarmup:
         stage = _stage(self.schedule, pooled=False)
         chains, dim = state.position.shape
         size = 0 if stage is None else stage[1] - stage[0] + 1
-        params, trace = _initial(params, (chains, size, traced_coordinates(dim).size))
+        params, trace = _initial(
+            params, self.schedule, (chains, size, traced_coordinates(dim).size)
+        )
         return StanLengthState(adaptation, trace), params
 
     def update(
@@ -249,7 +256,9 @@ class EnsembleLengthWarmup:
         stage = _stage(self.schedule, pooled=True)
         chains, dim = state.position.shape
         size = 0 if stage is None else stage[1] - stage[0] + 1
-        params, trace = _initial(params, (chains, size, traced_coordinates(dim).size))
+        params, trace = _initial(
+            params, self.schedule, (chains, size, traced_coordinates(dim).size)
+        )
         return EnsembleLengthState(adaptation, trace), params
 
     def update(
