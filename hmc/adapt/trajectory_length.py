@@ -10,8 +10,9 @@ chain after every warmup iteration ``t``:
 
 1. until the first slow window ends, ``L`` is :data:`INITIAL_STEPS` steps of the current
    step size (BlackJAX's first stage keeps ``L / eps`` fixed while the step size moves);
-2. at each window end, when the new metric whitens the target, ``L = sqrt(D)``, the
-   radius of a standard Gaussian (BlackJAX's ``L`` after diagonal preconditioning);
+2. at a window end, when the new metric whitens the target, ``L = sqrt(D)``, the
+   radius of a standard Gaussian (BlackJAX's ``L`` after diagonal preconditioning),
+   except where a stage ends there;
 3. over the *stage*, ``L`` is held and each chain records its positions (at most
    :data:`MAX_COORDINATES` coordinates, evenly spaced); at the stage's end the
    integrated autocorrelation time ``tau = N / ESS`` of those draws (the mean of the
@@ -20,11 +21,14 @@ chain after every warmup iteration ``t``:
    decorrelates, as BlackJAX's third stage sets it.
 
 The stage is the last :data:`MAX_STAGE` iterations of the last slow window for Stan's
-warmup (each chain from its own draws), and the first half of the terminal buffer for
-the pooled warmup (the ESS pooled over all chains; that buffer runs even when the pooled
-warmup stops its windows early). After the stage only the step size moves (dual
-averaging's terminal buffer). Without slow windows (a warmup under 20 iterations) there
-is no stage, and ``L`` stays at :data:`INITIAL_STEPS` steps.
+warmup (each chain from its own draws). The pooled warmup has several, each pooling the
+ESS over all chains: every slow window after the first (so that the length grows, at most
+doubling each time, through as many windows as the chains need to settle) and the first
+half of the terminal buffer (which runs even when the pooled warmup stops its windows
+early); ``L`` is then set to ``sqrt(D)`` at the first window's end only. After the last
+stage only the step size moves (dual averaging's terminal buffer). Without slow windows
+(a warmup under 20 iterations) there is no stage, and ``L`` stays at
+:data:`INITIAL_STEPS` steps.
 """
 
 from __future__ import annotations
@@ -116,6 +120,13 @@ class EnsembleLengthState(NamedTuple):
     def restarted(self) -> torch.Tensor:
         """``(C,)`` the chains the pooled warmup restarted from another chain."""
         return self.inner.restarted
+
+
+def _pooled_stages(schedule: WarmupSchedule) -> list[tuple[int, int]]:
+    """The pooled warmup's stages: every slow window after the first, then the first
+    half of the terminal buffer (see the module)."""
+    terminal = _stage(schedule, pooled=True)
+    return schedule.windows[1:] + ([] if terminal is None else [terminal])
 
 
 def _stage(schedule: WarmupSchedule, pooled: bool) -> tuple[int, int] | None:
@@ -253,9 +264,9 @@ class EnsembleLengthWarmup:
     ) -> tuple[EnsembleLengthState, Params]:
         """The pooled initial step size, :data:`INITIAL_STEPS` steps per trajectory."""
         adaptation, params = self.inner.init(state, params, keys)
-        stage = _stage(self.schedule, pooled=True)
+        stages = _pooled_stages(self.schedule)
         chains, dim = state.position.shape
-        size = 0 if stage is None else stage[1] - stage[0] + 1
+        size = max((last - first + 1 for first, last in stages), default=0)
         params, trace = _initial(
             params, self.schedule, (chains, size, traced_coordinates(dim).size)
         )
@@ -300,13 +311,13 @@ class EnsembleLengthWarmup:
         params, schedule = pooled.params, self.schedule
         trace = torch.as_tensor(adaptation.trace)  # tensors whatever the engine
         xp = namespace(params.step_size)
-        stage = _stage(schedule, pooled=True)
+        stage = next((s for s in _pooled_stages(schedule) if s[0] <= iteration <= s[1]), None)
         dim = state.position.shape[1]
         if schedule.windows and iteration < schedule.windows[0][1]:
             length = INITIAL_STEPS * params.step_size
-        elif schedule.ends_window(iteration) and self.inner.adapt_metric:
+        elif iteration == schedule.windows[0][1] and self.inner.adapt_metric:
             length = xp.full_like(params.step_size, math.sqrt(dim))
-        if stage is not None and stage[0] <= iteration <= stage[1]:
+        if stage is not None:
             position = torch.as_tensor(pooled.state.position)
             trace = trace.clone()
             trace[:, iteration - stage[0]] = position[:, traced_coordinates(dim)]
