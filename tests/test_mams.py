@@ -14,6 +14,7 @@ import torch
 from conftest import assert_moments, gaussian_log_prob, mcse_z_scores, z_bound
 
 import hmc
+from hmc.adapt.trajectory_length import autocorrelation_length
 from hmc.isokinetic import isokinetic_leapfrog, momentum_update, unit_momentum
 from hmc.kernels.chees import halton
 from hmc.kernels.mams import jitter_scale
@@ -358,3 +359,22 @@ def test_a_stored_run_holds_the_draws_of_one_in_memory(tmp_path):
         held["adaptation"]["trajectory_length"].values,
     )
     stored.close()
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_the_length_follows_the_autocorrelation_time(pooled):
+    """On AR(1) draws with ``phi = 0.5`` (``tau = (1 + phi) / (1 - phi) = 3``) the length
+    becomes ``0.5 L tau = 1.5 L``; with ``phi = 0.9`` (``tau = 19``) it is capped at ``2 L``;
+    a trace with a NaN keeps the length."""
+    rng = np.random.default_rng(1)
+    for phi, expected in ((0.5, 1.5), (0.9, 2.0)):
+        noise = rng.normal(size=(8, 4000, 3))
+        trace = np.zeros_like(noise)
+        trace[:, 0] = noise[:, 0] / math.sqrt(1 - phi**2)
+        for t in range(1, trace.shape[1]):
+            trace[:, t] = phi * trace[:, t - 1] + noise[:, t]
+        length = np.full(1 if pooled else 8, 2.0)
+        new = autocorrelation_length(trace, length, pooled)
+        np.testing.assert_allclose(new / length, expected, rtol=0.15 if pooled else 0.25)
+    trace[0, 5, 0] = np.nan
+    assert autocorrelation_length(trace, length, pooled)[0] == 2.0
