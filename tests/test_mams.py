@@ -378,3 +378,15 @@ def test_the_length_follows_the_autocorrelation_time(pooled):
         np.testing.assert_allclose(new / length, expected, rtol=0.15 if pooled else 0.25)
     trace[0, 5, 0] = np.nan
     assert autocorrelation_length(trace, length, pooled)[0] == 2.0
+
+
+@pytest.mark.parametrize("engine", ["numpy", "torch"])
+def test_a_dense_metric_run_draws_a_correlated_gaussian(engine):
+    """The whitening ``S`` is the dense metric's Cholesky factor (``S u`` and
+    ``S^T grad``), in both engines."""
+    cov = np.array([[1.0, 0.95, 0.0], [0.95, 1.0, 0.3], [0.0, 0.3, 4.0]])
+    dt = sample(gaussian_log_prob(np.zeros(3), cov), dim=3, metric="dense", kernel="mams",
+                engine=engine, draws=600)  # fmt: skip
+    assert_moments(dt["posterior"]["x"].values, np.zeros(3), cov)
+    inverse = dt["adaptation"]["inverse_metric"].values.mean(0)
+    assert abs(inverse[0, 1] / math.sqrt(inverse[0, 0] * inverse[1, 1]) - 0.95) < 0.05
