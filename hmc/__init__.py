@@ -12,7 +12,7 @@ from hmc import models
 from hmc.adapt.low_rank import LowRank
 from hmc.autodiff import shared_inner_grads, tempered_value_and_grad
 from hmc.integrators import leapfrog
-from hmc.kernels import HMC, NUTS, ChEES, Params
+from hmc.kernels import HMC, MAMS, NUTS, ChEES, Params
 from hmc.memo import MemoCache
 from hmc.metric import DenseMetric, DiagonalMetric, LowRankMetric, metric_from_inverse
 from hmc.nested_rhat import nested_rhat
@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HMC",
+    "MAMS",
     "NUTS",
     "ChEES",
     "DenseMetric",

@@ -51,6 +51,7 @@ import torch
 
 from hmc.adapt.ensemble import EnsembleState
 from hmc.adapt.step_size import DualAveragingState
+from hmc.adapt.trajectory_length import EnsembleLengthState, StanLengthState
 from hmc.adapt.warmup import WarmupState
 from hmc.adapt.welford import WelfordState
 from hmc.atomic import write_atomically
@@ -76,7 +77,9 @@ FORMAT = ("hmc-checkpoint", 3)
 LAYOUT = ("hmc-checkpoint", 2)
 LAYOUTS = (("hmc-checkpoint", 1), LAYOUT)
 #: the adaptation states a checkpoint can hold, by name
-ADAPTATIONS = {cls.__name__: cls for cls in (WarmupState, EnsembleState)}
+ADAPTATIONS = {
+    cls.__name__: cls for cls in (WarmupState, EnsembleState, StanLengthState, EnsembleLengthState)
+}
 
 
 class Snapshot(NamedTuple):

@@ -8,7 +8,8 @@ engine, :mod:`hmc.arrays`).
 
 :func:`leapfrog_lockstep` runs a whole trajectory of such steps in torch's ``while_loop``,
 every chain stepping together, written to be compiled as one graph with the energy
-(:class:`hmc.compiled.CompiledLoop`).
+(:class:`hmc.compiled.CompiledLoop`); :func:`lockstep` is that loop for any step
+(the isokinetic one of :mod:`hmc.isokinetic` too).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import numpy as np
 import torch
 from torch._higher_order_ops.while_loop import while_loop
 
+from hmc.arrays import namespace
 from hmc.metric import Metric
 from hmc.potential import Potential
 from hmc.state import State
 
-__all__ = ["Energy", "leapfrog", "leapfrog_lockstep"]
+__all__ = ["Energy", "leapfrog", "leapfrog_lockstep", "lockstep"]
 
 
 def leapfrog[A: (torch.Tensor, np.ndarray)](
@@ -71,41 +73,54 @@ def leapfrog_lockstep(
     energy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     steps: torch.Tensor,
 ) -> tuple[State, torch.Tensor]:
-    """Chain ``c`` takes ``steps[c]`` leapfrog steps, all chains in one ``while_loop``.
-
-    Every step evaluates every chain while the longest trajectory goes on; a chain whose
-    trajectory has ended keeps its point (a row select), so its extra evaluations change
-    nothing. Run eagerly (outside ``torch.compile``) it is a plain Python loop over the same
-    steps: torch's eager ``while_loop`` would trace its body with dynamo, and the eager run
-    is the oracle a compiled one is checked against. Tensors only: ``state`` ``(C, D)``,
-    momentum ``(C, D)``, signed step sizes ``step_size`` ``(C, 1)``, ``steps`` ``(C,)``
-    int64, ``energy`` the function the energy module evaluates
-    (:func:`hmc.compiled.energy_function`). Returns the end states and momenta.
-    """
-    longest = steps.max()
+    """Chain ``c`` takes ``steps[c]`` leapfrog steps, all chains in one ``while_loop``
+    (:func:`lockstep`). Tensors only: ``state`` ``(C, D)``, momentum ``(C, D)``, signed
+    step sizes ``step_size`` ``(C, 1)``, ``steps`` ``(C,)`` int64, ``energy`` the function
+    the energy module evaluates (:func:`hmc.compiled.energy_function`). Returns the end
+    states and momenta."""
     potential = Energy(energy)
 
-    def going(i, position, potential_energy, grad, p):
+    def step(position, potential_energy, grad, p):
+        there, p_there = leapfrog(
+            State(position, potential_energy, grad), p, step_size, metric, potential
+        )
+        return (*there, p_there)
+
+    *end, p = lockstep(step, (*state, momentum), steps)
+    return State(*end), p
+
+
+def lockstep[R: tuple](step: Callable[..., R], carried: R, steps) -> R:
+    """``steps[c]`` applications of ``step`` to row ``c`` of the arrays ``carried`` (each
+    with the chain axis first), all chains together.
+
+    Every application evaluates every chain while the longest trajectory goes on; a chain
+    whose trajectory has ended keeps its rows (a select), so its extra evaluations change
+    nothing. Inside ``torch.compile`` this is one ``while_loop``; run eagerly it is a plain
+    Python loop over the same applications (torch's eager ``while_loop`` would trace its
+    body with dynamo, and the eager run is the oracle a compiled one is checked against),
+    on tensors or NumPy arrays. ``steps`` ``(C,)`` integers."""
+    xp = namespace(steps)
+    longest = steps.max()
+
+    def going(i, *values):
         return i < longest
 
-    def step(i, position, potential_energy, grad, p):
-        here = State(position, potential_energy, grad)
-        there, p_there = leapfrog(here, p, step_size, metric, potential)
+    def advance(i, *values):
+        moved = step(*values)
         moving = i < steps
-        column = moving[:, None]
         return (
             i + 1,
-            torch.where(column, there.position, position),
-            torch.where(moving, there.potential, potential_energy),
-            torch.where(column, there.grad, grad),
-            torch.where(column, p_there, p),
+            *(
+                xp.where(moving.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+                for new, old in zip(moved, values, strict=True)
+            ),
         )
 
-    carried = (torch.zeros((), dtype=torch.int64, device=steps.device), *state, momentum)
     if torch.compiler.is_compiling():
-        carried = while_loop(going, step, carried)
-    else:  # eager (the check of a compiled loop): a plain loop, no tracing of any kind
-        for _ in range(int(longest)):
-            carried = step(*carried)
-    _, position, potential_energy, grad, p = carried
-    return State(position, potential_energy, grad), p
+        start = torch.zeros((), dtype=torch.int64, device=steps.device)
+        return tuple(while_loop(going, advance, (start, *carried))[1:])
+    values = (0, *carried)
+    for _ in range(int(longest)):  # eager: a plain loop, no tracing of any kind
+        values = advance(*values)
+    return tuple(values[1:])

@@ -25,6 +25,7 @@ from hmc._torch_compat import distribution_validation_off
 from hmc.adapt.ensemble import EnsembleWarmup, ensemble_schedule
 from hmc.adapt.low_rank import LowRank, window_length
 from hmc.adapt.schedule import build_schedule
+from hmc.adapt.trajectory_length import EnsembleLengthWarmup, StanLengthWarmup
 from hmc.adapt.warmup import StanWarmup
 from hmc.arrays import as_arrays, as_tensors, map_record
 from hmc.checkpoint import Snapshot, read_checkpoint, saved_metric, write_checkpoint
@@ -43,6 +44,7 @@ from hmc.distributed import (
 from hmc.initial import DEFAULT_INIT_RADIUS, initial_state
 from hmc.interrupts import interrupt_requests, kept_draws
 from hmc.kernels.base import Kernel
+from hmc.kernels.mams import MAMS
 from hmc.loop import Run, run_chains
 from hmc.metric import inverse_diagonal, unit_metric
 from hmc.potential import Potential
@@ -118,8 +120,8 @@ def sample(
         defaults to 1000; with ``adapt="ensemble"`` it is the most that runs (the pooled
         warmup stops early once the chains settle, with 64 chains typically after
         120-200 iterations).
-    kernel : "nuts", "hmc", "chees", or a kernel instance (:class:`hmc.NUTS`,
-        :class:`hmc.HMC`, :class:`hmc.ChEES`)
+    kernel : "nuts", "hmc", "chees", "mams", or a kernel instance (:class:`hmc.NUTS`,
+        :class:`hmc.HMC`, :class:`hmc.ChEES`, :class:`hmc.MAMS`)
     metric : "diag" (default), "dense", "low-rank", "identity" (not adapted), or hmc.LowRank
         ``"low-rank"`` (:mod:`hmc.adapt.low_rank`, nutpie's construction) is the "Fisher"
         diagonal ``sqrt(Var x / Var grad)`` corrected by at most 16 eigenvectors of the
@@ -135,7 +137,7 @@ def sample(
         (:mod:`hmc.adapt.ensemble`). Pooling pays with many chains.
     target_accept : float, optional
         Dual averaging's target acceptance statistic (Stan's delta, 0.8; for ChEES the
-        harmonic mean of the chains' acceptance probabilities, 0.651).
+        harmonic mean of the chains' acceptance probabilities, 0.651; for MAMS 0.9).
     step_size : float, optional
         Initial step size (default 1, then Stan's heuristic). With ``warmup=0`` it is used
         as is; without it and without warmup, the heuristic alone sets it.
@@ -347,7 +349,7 @@ def sample(
                 step_size=params.step_size.numpy(),
                 trajectory_length=as_arrays(params.trajectory_length),
             )
-            adapter = dataclasses.replace(adapter, schedule=as_arrays(adapter.schedule))
+            adapter = _with_schedule(adapter, as_arrays(adapter.schedule))
         recorder = _recorder(
             store, target, chains, warmup, draws, dim, save_warmup, state.position, device, resume,
             json.dumps({**identity, "dim": dim}, sort_keys=True, default=str),
@@ -580,16 +582,26 @@ def _adapter(
         dense=settings.metric == "dense",
         low_rank=settings.low_rank,
     )
+    kernel = settings.kernel
+    learns_length = isinstance(kernel, MAMS)  # from the autocorrelation time
     if settings.adapt == "ensemble":
-        kernel = settings.kernel
-        return EnsembleWarmup(
+        pooled = EnsembleWarmup(
             schedule=ensemble_schedule(settings.warmup, device=settings.device),
             trajectory=getattr(kernel, "reports_proposal", False),
             max_steps=getattr(kernel, "max_steps", 1024),
             split=split,
             **common,
         )
-    return StanWarmup(schedule=build_schedule(settings.warmup, device=settings.device), **common)
+        return EnsembleLengthWarmup(pooled) if learns_length else pooled
+    stan = StanWarmup(schedule=build_schedule(settings.warmup, device=settings.device), **common)
+    return StanLengthWarmup(stan) if learns_length else stan
+
+
+def _with_schedule(adapter: Any, schedule: Any) -> Any:
+    """The adapter with its schedule replaced (the one it wraps, for MAMS's)."""
+    if isinstance(adapter, StanLengthWarmup | EnsembleLengthWarmup):
+        return dataclasses.replace(adapter, inner=_with_schedule(adapter.inner, schedule))
+    return dataclasses.replace(adapter, schedule=schedule)
 
 
 def _window_draws(settings: Any, chains: int) -> int:

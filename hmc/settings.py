@@ -23,6 +23,7 @@ from hmc.atomic import check_writable_file
 from hmc.kernels.base import Kernel
 from hmc.kernels.chees import ChEES
 from hmc.kernels.hmc import HMC
+from hmc.kernels.mams import MAMS
 from hmc.kernels.nuts import NUTS
 from hmc.potential import compile_choice
 from hmc.progress import DisplayFactory
@@ -51,6 +52,8 @@ ADAPTATIONS = ("stan", "ensemble")
 #: ChEES's default target for the harmonic mean of the acceptance probabilities (the
 #: optimum for HMC on Gaussians, Beskos et al. 2013); NUTS and HMC target 0.8 (Stan)
 CHEES_TARGET_ACCEPT = 0.651
+#: MAMS's default target for the mean acceptance probability (BlackJAX's adjusted MCLMC)
+MAMS_TARGET_ACCEPT = 0.9
 #: ``hmc.sample(compile="auto")`` decides whether to compile once a tenth of the run's
 #: iterations are done, and at least this many (:func:`compile_decision_at`)
 AUTO_DECISION_ITERATIONS = 20
@@ -58,7 +61,12 @@ AUTO_DECISION_ITERATIONS = 20
 MAX_WARMUP = 10**9
 #: iterations between checkpoints when ``checkpoint=`` is given alone
 DEFAULT_CHECKPOINT_EVERY = 100
-KERNELS: dict[str, Callable[[], Kernel]] = {"hmc": HMC, "nuts": NUTS, "chees": ChEES}
+KERNELS: dict[str, Callable[[], Kernel]] = {
+    "hmc": HMC,
+    "nuts": NUTS,
+    "chees": ChEES,
+    "mams": MAMS,
+}
 
 
 class Settings(NamedTuple):
@@ -108,7 +116,7 @@ def validate(**kw: Any) -> Settings:
         kernel = KERNELS[kernel.lower()]()
     elif isinstance(kernel, type) or not (hasattr(kernel, "step") and hasattr(kernel, "init")):
         raise TypeError(
-            "kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS, hmc.ChEES), "
+            "kernel must be a name or a kernel instance (hmc.HMC, hmc.NUTS, hmc.ChEES, hmc.MAMS), "
             f"got {kernel!r}"
         )
     adapt = _adaptation(kw["adapt"], kernel)
@@ -116,7 +124,13 @@ def validate(**kw: Any) -> Settings:
     metric, low_rank = _metric(kw["metric"])
     target_accept = kw["target_accept"]
     if target_accept is None:
-        target_accept = CHEES_TARGET_ACCEPT if isinstance(kernel, ChEES) else 0.8
+        target_accept = (
+            CHEES_TARGET_ACCEPT
+            if isinstance(kernel, ChEES)
+            else MAMS_TARGET_ACCEPT
+            if isinstance(kernel, MAMS)
+            else 0.8
+        )
     if not isinstance(target_accept, int | float) or not 0 < target_accept < 1:
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
     step = kw["step_size"]

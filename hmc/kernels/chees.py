@@ -24,7 +24,7 @@ from hmc.kernels.hmc import HMC, HMCDraws
 from hmc.random import Stream, normal, uniform
 from hmc.state import Params
 
-__all__ = ["ChEES", "halton"]
+__all__ = ["ChEES", "halton", "halton_draws"]
 
 #: bits of the transition number the Halton sequence reads (about 4e9 transitions)
 HALTON_BITS = 32
@@ -37,6 +37,20 @@ def halton(index: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Ten
     for bit in range(HALTON_BITS):
         result = result + ((index >> bit) & 1).to(dtype) * 2.0 ** -(bit + 1)
     return result
+
+
+def halton_draws(
+    keys: torch.Tensor, counter: torch.Tensor, dim: int, dtype: torch.dtype
+) -> HMCDraws:
+    """The random numbers of each chain's transitions number ``counter`` ``(C, ...)`` for a
+    kernel jittered by the Halton sequence: momentum noise and the Metropolis uniform from
+    the chain's streams, and as the jitter the Halton number of the transition (its number
+    plus one), the same for every chain."""
+    return HMCDraws(
+        noise=normal(keys, Stream.MOMENTUM, counter, dim, dtype),
+        accept=uniform(keys, Stream.ACCEPT, counter, 1, dtype)[..., 0],
+        steps=halton(counter + 1, dtype),
+    )
 
 
 @dataclass(frozen=True)
@@ -75,11 +89,7 @@ class ChEES(HMC):
     ) -> HMCDraws:
         """The random numbers of each chain's transitions number ``counter`` ``(C, ...)``:
         the jitter is the Halton number of the transition, the same for every chain."""
-        return HMCDraws(
-            noise=normal(keys, Stream.MOMENTUM, counter, dim, dtype),
-            accept=uniform(keys, Stream.ACCEPT, counter, 1, dtype)[..., 0],
-            steps=halton(counter + 1, dtype),
-        )
+        return halton_draws(keys, counter, dim, dtype)
 
     def _num_steps(self, params: Params, u: torch.Tensor | None) -> torch.Tensor:
         """``(C,)`` leapfrog steps ``ceil(h T / eps)`` from the jitter ``h`` ``(C,)``."""

@@ -301,8 +301,9 @@ class HMC:
         if self.reports_proposal:
             time = steps * params.step_size
             trajectory = Proposal(state.position, proposal.position, metric.velocity(p), time)
+        end_energy = proposal.potential + metric.kinetic_energy(p)
         new_state, info = self._metropolis(
-            state, start_energy, proposal, p, metric, draws.accept, steps
+            state, start_energy, proposal, end_energy, draws.accept, steps
         )
         return new_state, info, trajectory
 
@@ -358,7 +359,8 @@ class HMC:
         momentum = metric.momentum(noise)
         start_energy = potential_energy + metric.kinetic_energy(momentum)
         proposal, p = leapfrog_lockstep(state, momentum, step_size[:, None], metric, energy, steps)
-        new_state, info = self._metropolis(state, start_energy, proposal, p, metric, accept, steps)
+        end_energy = proposal.potential + metric.kinetic_energy(p)
+        new_state, info = self._metropolis(state, start_energy, proposal, end_energy, accept, steps)
         return tuple(new_state), tuple(info), proposal.position, metric.velocity(p)
 
     def _metropolis[A: (torch.Tensor, np.ndarray)](
@@ -366,17 +368,17 @@ class HMC:
         state: State,
         start_energy: A,
         proposal: State,
-        p: A,
-        metric: Metric,
+        energy: A,
         u: A,
         steps: A,
     ) -> tuple[State, HMCInfo]:
-        """The Metropolis test of every chain's ``proposal`` with momentum ``p`` against
-        its ``state`` with ``start_energy``, with uniforms ``u`` ``(C,)``."""
+        """The Metropolis test of every chain's ``proposal`` with total energy ``energy``
+        ``(C,)`` against its ``state`` with ``start_energy`` ``(C,)``, with uniforms ``u``
+        ``(C,)``. An energy error that is not finite counts as ``+inf``: a rejection and a
+        divergence."""
         xp = namespace(u)
-        energy = proposal.potential + metric.kinetic_energy(p)
         error = energy - start_energy
-        error = xp.where(error == error, error, math.inf)  # NaN counts as +inf
+        error = xp.where(xp.isfinite(error), error, math.inf)
         diverging = ~(error <= self.max_energy_error)
         accept_prob = xp.exp((-error).clip(max=0.0))
         accepted = u < accept_prob
