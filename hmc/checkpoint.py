@@ -51,7 +51,7 @@ import torch
 from hmc.adapt.ensemble import EnsembleState
 from hmc.adapt.step_size import DualAveragingState
 from hmc.adapt.warmup import WarmupState
-from hmc.adapt.welford import WelfordState
+from hmc.adapt.welford import WelfordState, welford_init
 from hmc.atomic import write_atomically
 from hmc.state import State
 
@@ -211,10 +211,13 @@ def _rebuilt(payload: dict[str, Any]) -> dict[str, Any]:
     if adaptation is not None and "kind" in adaptation:
         payload["adaptation"] = _record(ADAPTATIONS[adaptation["kind"]], adaptation["fields"])
     elif adaptation is not None:  # version 1
+        welford = WelfordState(*adaptation["welford"])
         payload["adaptation"] = WarmupState(
             DualAveragingState(*adaptation["dual_averaging"]),
-            WelfordState(*adaptation["welford"]),
+            welford,
             adaptation["search_counter"],
+            welford_init(welford.mean[:, :1], False),  # not kept then: from the resume on
+            torch.zeros_like(welford.count, dtype=torch.bool),
         )
     skipped = payload.get("skipped")
     payload["skipped"] = None if skipped is None else tuple(skipped)

@@ -16,6 +16,15 @@ After every warmup transition of chain ``c`` (its own iteration ``t_c``):
 4. after the last warmup iteration (:meth:`StanWarmup.final`) the step size becomes
    ``exp(x_bar)``.
 
+Every chain has the same windows, so at each slow window's end the driver has the chains
+wait for each other (:meth:`StanWarmup.restart_stops`), and :meth:`StanWarmup.restart`
+restarts the chains whose mean log density over the window is stranded far below the
+others' (the pooled warmup's criterion, :func:`hmc.adapt.stranded.stranded_from_moments`:
+a start where the step size a chain adapts to cannot move it) from healthy chains' states,
+step sizes, metrics and dual averaging, so that the rest of warmup goes on from there and
+parts them. Stan has no such restart; when no chain is stranded, nothing changes (a stop
+changes no draw). In a chain-parallel run each process restarts among its own chains.
+
 Before the first window ends, dual averaging shrinks towards ten times the initial step
 size (Stan sets ``mu`` from its ``stepsize`` argument before the heuristic runs).
 
@@ -47,6 +56,7 @@ from hmc.adapt.step_size import (
     dual_averaging_init,
     dual_averaging_update,
 )
+from hmc.adapt.stranded import restart_sources, stranded_from_moments
 from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, welford_update
 from hmc.arrays import as_arrays, as_tensors, namespace
 from hmc.metric import Metric, metric_from_inverse
@@ -63,12 +73,16 @@ type StepSizeSearch = Callable[
 
 
 class WarmupState(NamedTuple):
-    """Per-chain adaptation state: dual averaging, (co)variance estimate, and the
-    counters of the step-size search's random stream ``(C,)``."""
+    """Per-chain adaptation state: dual averaging, (co)variance estimate, the counters of
+    the step-size search's random stream ``(C,)``, the moments of each chain's log
+    density over its current slow window (a :class:`WelfordState` of ``(C, 1)`` values,
+    for :meth:`StanWarmup.restart`) and the chains restarted from another ``(C,)``."""
 
     dual_averaging: DualAveragingState
     welford: WelfordState
     search_counter: torch.Tensor
+    log_density: WelfordState
+    restarted: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,8 @@ class StanWarmup:
     target_accept: float = 0.8
     adapt_metric: bool = True
     dense: bool = False
-    #: each chain adapts on its own: the driver never waits for the others
+    #: each chain adapts on its own: the driver waits for the others only at
+    #: :meth:`restart_stops`
     lockstep = False
 
     def init(self, state: State, params: Params, keys: torch.Tensor) -> tuple[WarmupState, Params]:
@@ -104,7 +119,13 @@ class StanWarmup:
         counter = torch.zeros_like(keys)
         step_size, counter = self.search(state, params.step_size, params.metric, keys, counter)
         da = dual_averaging_init(step_size, shrink_towards=params.step_size)
-        adaptation = WarmupState(da, welford_init(state.position, self.dense), counter)
+        adaptation = WarmupState(
+            da,
+            welford_init(state.position, self.dense),
+            counter,
+            welford_init(state.potential[:, None], False),
+            torch.zeros_like(keys, dtype=torch.bool),
+        )
         return adaptation, Params(step_size, params.metric)
 
     def update(
@@ -141,7 +162,10 @@ class StanWarmup:
             return adaptation, Params(step_size, params.metric)
         in_window = schedule.in_window[t] & done
         adaptation = adaptation._replace(
-            welford=welford_update(adaptation.welford, state.position, in_window)
+            welford=welford_update(adaptation.welford, state.position, in_window),
+            log_density=welford_update(
+                adaptation.log_density, -state.potential[:, None], in_window
+            ),
         )
         if not window_ends:
             return adaptation, Params(step_size, params.metric)
@@ -194,7 +218,48 @@ class StanWarmup:
         counter = counter.index_copy(0, ends, new_counter)
         is_end = torch.zeros_like(step_size, dtype=torch.bool).index_fill(0, ends, True)
         da = where_rows(is_end, dual_averaging_init(step_size), adaptation.dual_averaging)
-        return WarmupState(da, welford, counter), step_size, metric
+        adaptation = adaptation._replace(dual_averaging=da, welford=welford, search_counter=counter)
+        return adaptation, step_size, metric
+
+    def restart_stops(self) -> list[int]:
+        """The iteration counts at which every chain waits for the others so that
+        :meth:`restart` can run: the end of each slow window (none when nothing is
+        adapted)."""
+        if not self.adapt_metric:
+            return []
+        return [last + 1 for _, last in self.schedule.windows]
+
+    def restart(
+        self, adaptation: WarmupState, params: Params, state: State
+    ) -> tuple[WarmupState, Params, State]:
+        """At a slow window's end, which every chain has just passed (their states
+        ``state``, arrays of the run's engine): the chains whose log density over the
+        window is stranded far below the others' take a healthy chain's state, step size,
+        metric, dual averaging and (co)variance estimate; each keeps its own random
+        streams. The window's log-density moments start afresh. Returns the adaptation,
+        the parameters and the states: ``state`` itself when no chain restarts."""
+        on_numpy = isinstance(state.position, np.ndarray)
+        tensors = as_tensors(adaptation)
+        moments = tensors.log_density
+        spread = (moments.m2[:, 0] / (moments.count - 1)).sqrt()
+        stranded = stranded_from_moments(moments.mean[:, 0], spread)
+        cleared = welford_init(moments.mean, False)
+        sources = restart_sources(stranded)
+        if sources is None:
+            tensors = tensors._replace(log_density=cleared)
+            return (as_arrays(tensors) if on_numpy else tensors), params, state
+        tensors = tensors._replace(
+            dual_averaging=take_rows(tensors.dual_averaging, sources),
+            welford=take_rows(tensors.welford, sources),
+            log_density=cleared,
+            restarted=tensors.restarted | stranded,
+        )
+        step_size = torch.as_tensor(params.step_size).index_select(0, sources)
+        metric = take_rows(params.metric, sources)
+        state = take_rows(as_tensors(state), sources)
+        if on_numpy:
+            return as_arrays(tensors), Params(step_size.numpy(), metric), as_arrays(state)
+        return tensors, Params(step_size, metric), state
 
     def final(self, adaptation: WarmupState, params: Params, leaving: torch.Tensor) -> Params:
         """The parameters for sampling of the chains ``leaving`` warmup ``(C,)``: their
