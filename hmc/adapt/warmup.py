@@ -22,8 +22,13 @@ restarts the chains whose mean log density over the window is stranded far below
 others' (the pooled warmup's criterion, :func:`hmc.adapt.stranded.stranded_from_moments`:
 a start where the step size a chain adapts to cannot move it) from healthy chains' states,
 step sizes, metrics and dual averaging, so that the rest of warmup goes on from there and
-parts them. Stan has no such restart; when no chain is stranded, nothing changes (a stop
-changes no draw). In a chain-parallel run each process restarts among its own chains.
+parts them. Stan has no such restart. When no chain is stranded, a stop changes only
+which chains' energies are evaluated together in the next calls: where a row's log
+density does not depend on the rows evaluated with it, the draws are bit for bit those of
+a run without the stops; where it does in its last bits (a vmapped ``log_prob``, a batched
+matrix product), the chains go on from the same states but part from such a run as after
+any change of rounding (as at a checkpoint or a store's chunk end). In a chain-parallel
+run each process restarts among its own chains.
 
 Before the first window ends, dual averaging shrinks towards ten times the initial step
 size (Stan sets ``mu`` from its ``stepsize`` argument before the heuristic runs).
