@@ -208,17 +208,29 @@ def _rebuilt(payload: dict[str, Any]) -> dict[str, Any]:
     TypeError where a part is missing or malformed."""
     payload["state"] = State(*payload["state"])
     adaptation = payload["adaptation"]
-    if adaptation is not None and "kind" in adaptation:
-        payload["adaptation"] = _record(ADAPTATIONS[adaptation["kind"]], adaptation["fields"])
-    elif adaptation is not None:  # version 1
-        welford = WelfordState(*adaptation["welford"])
-        payload["adaptation"] = WarmupState(
-            DualAveragingState(*adaptation["dual_averaging"]),
-            welford,
-            adaptation["search_counter"],
-            welford_init(welford.mean[:, :1], False),  # not kept then: from the resume on
-            torch.zeros_like(welford.count, dtype=torch.bool),
-        )
+    if adaptation is not None and "kind" not in adaptation:  # version 1
+        adaptation = {
+            "kind": WarmupState.__name__,
+            "fields": {
+                "dual_averaging": dict(
+                    zip(DualAveragingState._fields, adaptation["dual_averaging"], strict=True)
+                ),
+                "welford": dict(zip(WelfordState._fields, adaptation["welford"], strict=True)),
+                "search_counter": adaptation["search_counter"],
+            },
+        }
+    if adaptation is not None:
+        fields = adaptation["fields"]
+        if adaptation["kind"] == WarmupState.__name__ and "log_density" not in fields:
+            # written before Stan's warmup restarted stranded chains: the window's log
+            # density counts from the resume on
+            chains = fields["welford"]["mean"].shape[0]
+            fields = {
+                **fields,
+                "log_density": _plain(welford_init(fields["welford"]["mean"][:, :1], False)),
+                "restarted": torch.zeros(chains, dtype=torch.bool),
+            }
+        payload["adaptation"] = _record(ADAPTATIONS[adaptation["kind"]], fields)
     skipped = payload.get("skipped")
     payload["skipped"] = None if skipped is None else tuple(skipped)
     payload.setdefault("trajectory_length", None)

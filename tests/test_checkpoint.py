@@ -209,6 +209,19 @@ def test_a_checkpoint_of_the_first_layout_still_reads(tmp_path):
     same_run(hmc.resume(path, log_prob), whole)
 
 
+def test_a_checkpoint_from_before_the_stranded_restarts_still_reads(tmp_path):
+    """Stan's warmup state written before it kept each window's log density (and the
+    restarted chains) resumes: the window's log density counts from the resume on."""
+    path = tmp_path / "run.ckpt"
+    settings = dict(SETTINGS, warmup=40, draws=20)
+    whole = hmc.sample(log_prob, checkpoint=path, checkpoint_every=20, **settings)
+    payload = raw_payload(path)
+    for name in ("log_density", "restarted"):
+        del payload["adaptation"]["fields"][name]
+    torch.save(payload, path)
+    same_run(hmc.resume(path, log_prob), whole)
+
+
 def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one(tmp_path, uninterrupted):
     path = tmp_path / "run.ckpt"
     child = start_child(path, "numpy", die_at_write=4)
