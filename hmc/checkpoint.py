@@ -53,7 +53,7 @@ from hmc.adapt.ensemble import EnsembleState
 from hmc.adapt.step_size import DualAveragingState
 from hmc.adapt.trajectory_length import EnsembleLengthState, StanLengthState
 from hmc.adapt.warmup import WarmupState
-from hmc.adapt.welford import WelfordState
+from hmc.adapt.welford import WelfordState, welford_init
 from hmc.atomic import write_atomically
 from hmc.metric import LowRankMetric, Metric, inverse_diagonal, metric_from_inverse
 from hmc.state import State
@@ -224,14 +224,29 @@ def _rebuilt(payload: dict[str, Any]) -> dict[str, Any]:
     TypeError where a part is missing or malformed."""
     payload["state"] = State(*payload["state"])
     adaptation = payload["adaptation"]
-    if adaptation is not None and "kind" in adaptation:
-        payload["adaptation"] = _record(ADAPTATIONS[adaptation["kind"]], adaptation["fields"])
-    elif adaptation is not None:  # version 1
-        payload["adaptation"] = WarmupState(
-            DualAveragingState(*adaptation["dual_averaging"]),
-            WelfordState(*adaptation["welford"]),
-            adaptation["search_counter"],
-        )
+    if adaptation is not None and "kind" not in adaptation:  # version 1
+        adaptation = {
+            "kind": WarmupState.__name__,
+            "fields": {
+                "dual_averaging": dict(
+                    zip(DualAveragingState._fields, adaptation["dual_averaging"], strict=True)
+                ),
+                "welford": dict(zip(WelfordState._fields, adaptation["welford"], strict=True)),
+                "search_counter": adaptation["search_counter"],
+            },
+        }
+    if adaptation is not None:
+        fields = adaptation["fields"]
+        if adaptation["kind"] == WarmupState.__name__ and "log_density" not in fields:
+            # written before Stan's warmup restarted stranded chains: the window's log
+            # density counts from the resume on
+            chains = fields["welford"]["mean"].shape[0]
+            fields = {
+                **fields,
+                "log_density": _plain(welford_init(fields["welford"]["mean"][:, :1], False)),
+                "restarted": torch.zeros(chains, dtype=torch.bool),
+            }
+        payload["adaptation"] = _record(ADAPTATIONS[adaptation["kind"]], fields)
     skipped = payload.get("skipped")
     payload["skipped"] = None if skipped is None else tuple(skipped)
     payload.setdefault("trajectory_length", None)

@@ -9,6 +9,10 @@ which chains finished (the NumPy engine, static HMC) it reads nothing from the d
 otherwise (NUTS with the torch engine) it reads its counters from the device in one go per
 call, together with the kernel's ``readout``, never per leapfrog step.
 
+Stan's per-chain warmup (:class:`hmc.adapt.StanWarmup`) has every chain wait for the
+others at the end of each slow window, where chains stranded far below the others restart
+from healthy ones (:meth:`hmc.adapt.StanWarmup.restart`).
+
 An adapter that pools the chains (:class:`hmc.adapt.EnsembleWarmup`, ``lockstep``) has
 every chain wait for the others after each warmup iteration; its ``pool`` then adapts from
 all of them, may restart chains, and may skip the rest of the slow windows (every chain's
@@ -127,10 +131,14 @@ def run_chains(
     saves = set(_stops(first, warmup, total, every)) if run.checkpoint else set()
     lockstep = adaptation is not None and adapter.lockstep
     pooled_stops = set(range(first + 1, warmup + 1)) if lockstep else set()
+    restart_stops = set()  # the ends of Stan's slow windows, for stranded chains
+    if adaptation is not None and isinstance(adapter, StanWarmup) and chains > 1:
+        restart_stops = {s for s in adapter.restart_stops() if s > first}
+    warmup_stops = bool(pooled_stops or restart_stops)
     flushes = set(recorder.ends(first, total))  # a streaming recorder's chunks
-    stops = sorted(saves | pooled_stops | flushes | {total})
+    stops = sorted(saves | pooled_stops | restart_stops | flushes | {total})
     stop = stops.pop(0)  # chains wait for each other there: a checkpoint, a pooled
-    # adaptation, a chunk of draws to store, or the end
+    # adaptation, a restart of stranded chains, a chunk of draws to store, or the end
     skipped = None if resume is None else resume.skipped
     draining = False  # interrupted: running to a common iteration for a checkpoint
     phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
@@ -177,7 +185,7 @@ def run_chains(
                     if counts.warming < was_warming:  # some chains left their warmup
                         leaving = step.done & (iteration == warmup - 1)
                         params = adapter.final(adaptation, params, leaving)
-                if run.checkpoint is not None or flushes or (lockstep and was_warming):
+                if run.checkpoint is not None or flushes or (warmup_stops and was_warming):
                     latest = where_rows(step.done, step.state, latest)
                 iteration = iteration + step.done
                 phase = Phase(sampling=iteration >= warmup, left=stop - iteration)
@@ -217,6 +225,9 @@ def run_chains(
                     host_iteration = np.full(chains, restart, dtype=np.int64)
                     stops = [s for s in stops if s > restart]
                     counts = counts._replace(least=restart)
+            if stop in restart_stops:
+                adaptation, params, restarted = adapter.restart(adaptation, params, latest)
+                moved, latest = restarted is not latest, restarted
             recorder.flush(stop, restart)
             if stop in saves:
                 held_positions, held_stats = recorder.held()

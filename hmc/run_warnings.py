@@ -8,7 +8,7 @@ Stan and PyMC report these after sampling; so does :func:`hmc.sample`, once each
 - NUTS transitions that stopped at the maximum tree depth (slow mixing, and a long run);
 - an adapted inverse metric whose scales span more than :data:`METRIC_SPAN` (a direction
   the posterior barely constrains, or one it pins down, either of which starves the rest);
-- chains the pooled warmup restarted from another chain (stranded far below the others'
+- chains the warmup restarted from another chain (stranded far below the others'
   log density: a bad start, or a mode the other chains never visit);
 - coordinates whose draws have not settled: split R-hat above :data:`UNSETTLED_RHAT`
   (chains, or the halves of one chain, disagree: chains that have not converged, or a
@@ -62,7 +62,7 @@ def warn_about_run(
             f"chains {restarted_chains.tolist()} stayed far below the others' log density "
             "over a warmup window and were restarted from other chains' states (a bad start, or "
             "a mode the other chains never visit: on a posterior with modes of very "
-            "different heights, compare with adapt='stan')",
+            "different heights, compare with runs started in each mode, init=)",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -131,10 +131,12 @@ def sample(
         :class:`hmc.LowRank` sets its rank, cutoff and ridge.
     adapt : "stan" or "ensemble", optional
         The warmup: ``"stan"`` (the default, except for ChEES) adapts each chain on its
-        own with Stan's windows; ``"ensemble"`` pools all chains into one step size and
-        one metric (the "Fisher" diagonal from draws and gradients) in short windows,
-        stops once the chains settle, and restarts chains stranded far from the others
-        (:mod:`hmc.adapt.ensemble`). Pooling pays with many chains.
+        own with Stan's windows, and at each slow window's end restarts chains stranded
+        far below the others from healthy ones (:mod:`hmc.adapt.warmup`); ``"ensemble"``
+        pools all chains into one step size and one metric (the "Fisher" diagonal from
+        draws and gradients) in short windows, stops once the chains settle, and
+        restarts chains stranded far from the others (:mod:`hmc.adapt.ensemble`).
+        Pooling pays with many chains.
     target_accept : float, optional
         Dual averaging's target acceptance statistic (Stan's delta, 0.8; for ChEES the
         harmonic mean of the chains' acceptance probabilities, 0.651; for MAMS 0.9).
@@ -622,7 +624,7 @@ def _rank(settings: Any, dim: int) -> int:
 
 
 def _restarted(adaptation: Any) -> np.ndarray:
-    """The chains the pooled warmup restarted from another chain ``(R,)``."""
+    """The chains the warmup restarted from another chain ``(R,)``."""
     restarted = getattr(adaptation, "restarted", None)
     if restarted is None:
         return np.zeros(0, dtype=np.int64)

@@ -65,6 +65,15 @@ def diagonal_gaussian_log_prob(mean, sd):
     return log_prob
 
 
+def minor_mode_log_prob(q: torch.Tensor) -> torch.Tensor:
+    """A standard 2-D Gaussian at the origin and a minor one at ``(20, 0)`` 60 nats below
+    it (mass e^-60: nothing a sampler should report), their maximum, for ``q`` ``(C, 2)``.
+    A chain started at the minor mode cannot leave it in a short warmup."""
+    main = -0.5 * (q**2).sum(-1)
+    minor = -60.0 - 0.5 * ((q[:, 0] - 20.0) ** 2 + q[:, 1] ** 2)
+    return torch.maximum(main, minor)
+
+
 # ---------------------------------------------------------------------- MCSE checks
 def z_bound(checks: int, alpha: float = 1e-3) -> float:
     """Two-sided z bound so that ``checks`` independent standard normal z-scores all

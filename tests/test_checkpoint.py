@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import minor_mode_log_prob
 
 import hmc
 from hmc.checkpoint import FORMAT, raw_payload, read_checkpoint
@@ -123,6 +124,21 @@ def test_a_run_killed_mid_sampling_resumes_to_the_uninterrupted_result(
     same_run(again, resumed)
 
 
+def interrupt_after(path, stop_at: int, target, settings: dict) -> None:
+    """Run ``target`` with checkpoints at ``path`` until one at iteration ``stop_at`` or
+    later is written, then interrupt it (Ctrl-C)."""
+
+    def interrupted(q):
+        if path.exists() and read_checkpoint(path)["iteration"] >= stop_at:
+            raise KeyboardInterrupt
+        return target(q)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with contextlib.suppress(KeyboardInterrupt):
+            hmc.sample(interrupted, checkpoint=path, **settings)
+
+
 @pytest.mark.parametrize(
     "kernel", [pytest.param("nuts", marks=pytest.mark.slow), "chees", "mams"]
 )  # (NUTS: 10 s, in the slow tier; ChEES, 4 s, checks the same resume in the quick one;
@@ -140,16 +156,7 @@ def test_a_pooled_warmup_resumes_to_the_uninterrupted_result(kernel, tmp_path):
     assert whole.attrs["tuning_steps"] == 120  # the early stop skipped 80-159
     for stop_at in (60, 80, 170, 220):  # before the skip, at it, after it, sampling
         path = tmp_path / f"{stop_at}.ckpt"
-
-        def interrupted(q, path=path, stop_at=stop_at):
-            if path.exists() and read_checkpoint(path)["iteration"] >= stop_at:
-                raise KeyboardInterrupt
-            return log_prob(q)
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with contextlib.suppress(KeyboardInterrupt):
-                hmc.sample(interrupted, checkpoint=path, **settings)
+        interrupt_after(path, stop_at, log_prob, settings)
         written = read_checkpoint(path)["iteration"]  # the skip's goes on at 160
         assert written == 160 if stop_at == 80 else stop_at <= written < stop_at + 10
         resumed = hmc.resume(path, log_prob)
@@ -160,6 +167,28 @@ def test_a_pooled_warmup_resumes_to_the_uninterrupted_result(kernel, tmp_path):
                 resumed["adaptation"]["trajectory_length"].values,
                 whole["adaptation"]["trajectory_length"].values,
             )
+
+
+def test_a_restart_of_a_stranded_chain_resumes_to_the_uninterrupted_run(tmp_path):
+    """Stan's warmup restarts chain 0, stranded at a minor mode, at its first window's end
+    (iteration 100): interrupted in that window (its log-density moments are in the
+    checkpoint) or after the restart, the run resumes to the uninterrupted one."""
+    init = torch.zeros(4, 2, dtype=torch.float64)
+    init[0, 0] = 20.0
+    settings = dict(
+        dim=2, chains=4, warmup=150, draws=60, seed=9, batched=True, progress=False,
+        init=init, compile=False, checkpoint_every=30,
+    )  # fmt: skip
+    with pytest.warns(RuntimeWarning, match=r"chains \[0\] stayed far below"):
+        whole = hmc.sample(minor_mode_log_prob, checkpoint=tmp_path / "whole.ckpt", **settings)
+    for stop_at in (90, 120):  # before the restart, after it
+        path = tmp_path / f"{stop_at}.ckpt"
+        interrupt_after(path, stop_at, minor_mode_log_prob, settings)
+        assert stop_at <= read_checkpoint(path)["iteration"] < stop_at + 30
+        with pytest.warns(RuntimeWarning, match=r"chains \[0\] stayed far below"):
+            resumed = hmc.resume(path, minor_mode_log_prob)
+        same_run(resumed, whole)
+        assert list(resumed.attrs["restarted_chains"]) == [0]
 
 
 def test_a_checkpoint_of_the_first_layout_still_reads(tmp_path):
@@ -178,6 +207,19 @@ def test_a_checkpoint_of_the_first_layout_still_reads(tmp_path):
     payload["format"] = ["hmc-checkpoint", 1]
     for name in ("trajectory_length", "skipped"):
         del payload[name]
+    torch.save(payload, path)
+    same_run(hmc.resume(path, log_prob), whole)
+
+
+def test_a_checkpoint_from_before_the_stranded_restarts_still_reads(tmp_path):
+    """Stan's warmup state written before it kept each window's log density (and the
+    restarted chains) resumes: the window's log density counts from the resume on."""
+    path = tmp_path / "run.ckpt"
+    settings = dict(SETTINGS, warmup=40, draws=20)
+    whole = hmc.sample(log_prob, checkpoint=path, checkpoint_every=20, **settings)
+    payload = raw_payload(path)
+    for name in ("log_density", "restarted"):
+        del payload["adaptation"]["fields"][name]
     torch.save(payload, path)
     same_run(hmc.resume(path, log_prob), whole)
 

@@ -15,7 +15,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import assert_moments, diagonal_gaussian_log_prob, gaussian_log_prob
+from conftest import (
+    assert_moments,
+    diagonal_gaussian_log_prob,
+    gaussian_log_prob,
+    minor_mode_log_prob,
+)
 
 import hmc
 from hmc.adapt.ensemble import (
@@ -296,16 +301,13 @@ def test_a_stranded_chain_restarts_from_a_healthy_one():
     """Chain 0 starts in a minor mode 60 nats below the main one (mass e^-60: nothing a
     sampler should report), which it cannot leave in a short warmup; it restarts from
     another chain and its draws then match the others'."""
-
-    def log_prob(q):
-        main = -0.5 * (q**2).sum(-1)
-        minor = -60.0 - 0.5 * ((q[:, 0] - 20.0) ** 2 + q[:, 1] ** 2)
-        return torch.maximum(main, minor)
-
     init = torch.zeros(16, 2, dtype=DTYPE)
     init[0] = torch.tensor([20.0, 0.0])
     with pytest.warns(RuntimeWarning, match=r"chains \[0\] stayed far below"):
-        dt = run(log_prob, 2, chains=16, draws=50, seed=9, kernel="hmc", init=init, warmup=60)
+        dt = run(
+            minor_mode_log_prob, 2, chains=16, draws=50, seed=9, kernel="hmc", init=init,
+            warmup=60,
+        )  # fmt: skip
     assert list(dt.attrs["restarted_chains"]) == [0]
     x = dt["posterior"]["x"].values
     assert abs(x[0, :, 0].mean()) < 1.5  # at the mode now

@@ -6,10 +6,10 @@ and, for :class:`hmc.ChEES`, one trajectory length. After each warmup iteration
 (:meth:`EnsembleWarmup.pool`):
 
 1. chains stranded far below the others' log density at this iteration
-   (:func:`stranded_chains`: a start where the shared step size cannot move them) are
-   left out of what follows until they join: their zero acceptance would drag the step
-   size down, and their gradients, orders of magnitude larger than the others', would
-   shrink the metric;
+   (:func:`hmc.adapt.stranded.stranded_chains`: a start where the shared step size
+   cannot move them) are left out of what follows until they join: their zero
+   acceptance would drag the step size down, and their gradients, orders of magnitude
+   larger than the others', would shrink the metric;
 2. one dual-averaging update on the other chains' mean acceptance statistic (for ChEES,
    as in its paper, the harmonic mean of the chains that did not diverge, here times
    their share, so that divergences shrink the step size); one update per chain would
@@ -78,6 +78,7 @@ from hmc.adapt.step_size import (
     dual_averaging_init,
     dual_averaging_update,
 )
+from hmc.adapt.stranded import restart_stranded, stranded_chains
 from hmc.adapt.warmup import StepSizeSearch
 from hmc.arrays import as_tensors
 from hmc.diagnostics import ess
@@ -105,11 +106,6 @@ EARLY_STOP_METRIC_CHANGE = 1.25
 EARLY_STOP_ESS = 400.0
 #: ... and the means of its two halves differ by less than this many standard errors
 EARLY_STOP_TREND = 3.0
-#: a chain is stranded when its mean log density over the terminal buffer is below the
-#: chains' median by more than this many times the typical within-chain standard deviation
-STRANDED_SPREADS = 10.0
-#: ... and by more than this many nats
-STRANDED_NATS = 10.0
 #: ChEES's Adam: learning rate, second-moment decay, largest step in log T
 ADAM_RATE, ADAM_BETA2, ADAM_CLIP = 0.05, 0.95, 0.35
 #: ChEES's gradients are clipped to this many times their running root mean square
@@ -268,26 +264,6 @@ def adam_ascent(state: TrajectoryState, gradient: torch.Tensor) -> TrajectorySta
     weight = steps ** (-TRAJECTORY_DECAY)
     average = (1 - weight) * state.log_length_average + weight * log_length
     return TrajectoryState(log_length, average, second, steps)
-
-
-def stranded_chains(log_density: torch.Tensor) -> torch.Tensor:
-    """``(C,)`` the chains whose log densities over the last iterations ``(C, N)`` stay far
-    below the others': their mean is below the median of the chains' means by more than
-    :data:`STRANDED_NATS` nats and more than :data:`STRANDED_SPREADS` times the typical
-    spread, the larger of the median within-chain standard deviation and the chains'
-    means' robust standard deviation (1.4826 times their median absolute deviation; with
-    ``N = 1``, the spread of the log density across chains at one iteration)."""
-    finite = torch.where(torch.isfinite(log_density), log_density, -torch.inf)
-    mean = finite.mean(1)
-    spread = finite.std(1) if finite.shape[1] > 1 else torch.zeros_like(mean)
-    usable = torch.isfinite(mean)
-    if not usable.any():
-        return torch.zeros_like(usable)
-    median = mean[usable].median()
-    within = torch.nan_to_num(spread[usable]).median()
-    across = 1.4826 * (mean[usable] - median).abs().median()
-    gap = torch.clamp(STRANDED_SPREADS * torch.maximum(within, across), min=STRANDED_NATS)
-    return ~(mean >= median - gap)
 
 
 class EnsembleState(NamedTuple):
@@ -520,7 +496,7 @@ class EnsembleWarmup:
         if self.restart_stranded and chains > 1 and stranded is not None and stranded.any():
             # at a window's end, so that a restarted chain has the later iterations to part
             # from the one it restarted from before any draw is kept
-            restarted_state = _restart_stranded(tensors, stranded)
+            restarted_state = restart_stranded(tensors, stranded)
             if restarted_state is not tensors:
                 changed, tensors = bool(self._own_rows(stranded).any()), restarted_state
                 adaptation = adaptation._replace(restarted=adaptation.restarted | stranded)
@@ -642,14 +618,3 @@ def _segment_length(schedule: WarmupSchedule) -> int:
         return max(1, math.ceil(0.2 * schedule.num_warmup))
     terminal = schedule.num_warmup - 1 - schedule.windows[-1][1]
     return max(terminal, *(last - first + 1 for first, last in schedule.windows))
-
-
-def _restart_stranded(state: State, stranded: torch.Tensor) -> State:
-    """``state`` with each ``stranded`` chain ``(C,)`` replaced by a healthy chain's state
-    (the healthy chains in turn); ``state`` itself when no chain is healthy."""
-    healthy = (~stranded).nonzero().flatten()
-    if healthy.numel() == 0:
-        return state
-    rows = torch.arange(stranded.shape[0], device=stranded.device)
-    sources = torch.where(stranded, healthy[rows % healthy.numel()], rows)
-    return State(*(x.index_select(0, sources) for x in state))

@@ -16,6 +16,20 @@ After every warmup transition of chain ``c`` (its own iteration ``t_c``):
 4. after the last warmup iteration (:meth:`StanWarmup.final`) the step size becomes
    ``exp(x_bar)``.
 
+Every chain has the same windows, so at each slow window's end the driver has the chains
+wait for each other (:meth:`StanWarmup.restart_stops`), and :meth:`StanWarmup.restart`
+restarts the chains whose mean log density over the window is stranded far below the
+others' (the pooled warmup's criterion, :func:`hmc.adapt.stranded.stranded_from_moments`:
+a start where the step size a chain adapts to cannot move it) from healthy chains' states,
+step sizes, metrics and dual averaging, so that the rest of warmup goes on from there and
+parts them. Stan has no such restart. When no chain is stranded, a stop changes only
+which chains' energies are evaluated together in the next calls: where a row's log
+density does not depend on the rows evaluated with it, the draws are bit for bit those of
+a run without the stops; where it does in its last bits (a vmapped ``log_prob``, a batched
+matrix product), the chains go on from the same states but part from such a run as after
+any change of rounding (as at a checkpoint or a store's chunk end). In a chain-parallel
+run each process restarts among its own chains.
+
 Before the first window ends, dual averaging shrinks towards ten times the initial step
 size (Stan sets ``mu`` from its ``stepsize`` argument before the heuristic runs).
 
@@ -55,6 +69,7 @@ from hmc.adapt.step_size import (
     dual_averaging_init,
     dual_averaging_update,
 )
+from hmc.adapt.stranded import restart_sources, stranded_from_moments
 from hmc.adapt.welford import WelfordState, welford_covariance, welford_init, welford_update
 from hmc.arrays import as_arrays, as_tensors, map_record, namespace
 from hmc.metric import Metric, metric_from_inverse
@@ -73,12 +88,17 @@ type StepSizeSearch = Callable[
 class WarmupState(NamedTuple):
     """Per-chain adaptation state: dual averaging, (co)variance estimate (for the low-rank
     metric a diagonal one, whose count numbers the window's draws), the counters of the
-    step-size search's random stream ``(C,)``, and for the low-rank metric each chain's
-    draws and gradients of its current window (None otherwise)."""
+    step-size search's random stream ``(C,)``, the moments of each chain's log density
+    over its current slow window (a :class:`WelfordState` of ``(C, 1)`` values, for
+    :meth:`StanWarmup.restart`), the chains restarted from another ``(C,)``, and for the
+    low-rank metric each chain's draws and gradients of its current window (None
+    otherwise)."""
 
     dual_averaging: DualAveragingState
     welford: WelfordState
     search_counter: torch.Tensor
+    log_density: WelfordState
+    restarted: torch.Tensor
     window: WindowDraws | None = None
 
 
@@ -104,7 +124,8 @@ class StanWarmup:
     adapt_metric: bool = True
     dense: bool = False
     low_rank: LowRank | None = None
-    #: each chain adapts on its own: the driver never waits for the others
+    #: each chain adapts on its own: the driver waits for the others only at
+    #: :meth:`restart_stops`
     lockstep = False
 
     def init(self, state: State, params: Params, keys: torch.Tensor) -> tuple[WarmupState, Params]:
@@ -122,7 +143,14 @@ class StanWarmup:
         window = None
         if self.low_rank is not None and self.adapt_metric and self.schedule.adapts_metric:
             window = window_init(state.position, window_length(self.schedule.windows))
-        adaptation = WarmupState(da, welford_init(state.position, self.dense), counter, window)
+        adaptation = WarmupState(
+            da,
+            welford_init(state.position, self.dense),
+            counter,
+            welford_init(state.potential[:, None], False),
+            torch.zeros_like(keys, dtype=torch.bool),
+            window,
+        )
         return adaptation, Params(step_size, params.metric)
 
     def update(
@@ -163,7 +191,12 @@ class StanWarmup:
             slots = welford.count.astype(np.int64) if xp is np else welford.count.long()
             slots = slots.clip(0, adaptation.window.kept.shape[1] - 1)
             window_add(adaptation.window, state.position, state.grad, in_window, slots)
-        adaptation = adaptation._replace(welford=welford_update(welford, state.position, in_window))
+        adaptation = adaptation._replace(
+            welford=welford_update(welford, state.position, in_window),
+            log_density=welford_update(
+                adaptation.log_density, -state.potential[:, None], in_window
+            ),
+        )
         if not window_ends:
             return adaptation, Params(step_size, params.metric)
         ending = schedule.window_end[t] & done
@@ -221,7 +254,52 @@ class StanWarmup:
         counter = counter.index_copy(0, ends, new_counter)
         is_end = torch.zeros_like(step_size, dtype=torch.bool).index_fill(0, ends, True)
         da = where_rows(is_end, dual_averaging_init(step_size), adaptation.dual_averaging)
-        return WarmupState(da, welford, counter, window), step_size, metric
+        adaptation = adaptation._replace(
+            dual_averaging=da, welford=welford, search_counter=counter, window=window
+        )
+        return adaptation, step_size, metric
+
+    def restart_stops(self) -> list[int]:
+        """The iteration counts at which every chain waits for the others so that
+        :meth:`restart` can run: the end of each slow window (none when nothing is
+        adapted)."""
+        if not self.adapt_metric:
+            return []
+        return [last + 1 for _, last in self.schedule.windows]
+
+    def restart(
+        self, adaptation: WarmupState, params: Params, state: State
+    ) -> tuple[WarmupState, Params, State]:
+        """At a slow window's end, which every chain has just passed (their states
+        ``state``, arrays of the run's engine): the chains whose log density over the
+        window is stranded far below the others' take a healthy chain's state, step size,
+        metric, dual averaging and (co)variance estimate; each keeps its own random
+        streams. The window's log-density moments start afresh. Returns the adaptation,
+        the parameters and the states: ``state`` itself when no chain restarts."""
+        on_numpy = isinstance(state.position, np.ndarray)
+        tensors = as_tensors(adaptation)
+        moments = tensors.log_density
+        spread = (moments.m2[:, 0] / (moments.count - 1)).sqrt()
+        stranded = stranded_from_moments(moments.mean[:, 0], spread)
+        cleared = welford_init(moments.mean, False)
+        sources = restart_sources(stranded)
+        if sources is None:
+            tensors = tensors._replace(log_density=cleared)
+            return (as_arrays(tensors) if on_numpy else tensors), params, state
+        tensors = tensors._replace(
+            dual_averaging=take_rows(tensors.dual_averaging, sources),
+            welford=take_rows(tensors.welford, sources),
+            log_density=cleared,
+            restarted=tensors.restarted | stranded,
+            window=None if tensors.window is None else take_rows(tensors.window, sources),
+        )
+        step_size = torch.as_tensor(params.step_size).index_select(0, sources)
+        params = params._replace(step_size=step_size, metric=take_rows(params.metric, sources))
+        state = take_rows(as_tensors(state), sources)
+        if on_numpy:
+            params = params._replace(step_size=step_size.numpy())
+            return as_arrays(tensors), params, as_arrays(state)
+        return tensors, params, state
 
     def final(self, adaptation: WarmupState, params: Params, leaving: torch.Tensor) -> Params:
         """The parameters for sampling of the chains ``leaving`` warmup ``(C,)``: their
