@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hmc.adapt.ensemble import EnsembleState, EnsembleWarmup
+from hmc.adapt.trajectory_length import StanLengthWarmup
 from hmc.adapt.warmup import StanWarmup, WarmupState
 from hmc.checkpoint import Snapshot
 from hmc.kernels.base import Kernel, Phase, Step
@@ -132,7 +133,7 @@ def run_chains(
     lockstep = adaptation is not None and adapter.lockstep
     pooled_stops = set(range(first + 1, warmup + 1)) if lockstep else set()
     restart_stops = set()  # the ends of Stan's slow windows, for stranded chains
-    if adaptation is not None and isinstance(adapter, StanWarmup) and chains > 1:
+    if adaptation is not None and isinstance(adapter, StanWarmup | StanLengthWarmup) and chains > 1:
         restart_stops = {s for s in adapter.restart_stops() if s > first}
     warmup_stops = bool(pooled_stops or restart_stops)
     flushes = set(recorder.ends(first, total))  # a streaming recorder's chunks

@@ -99,7 +99,9 @@ def test_restart_copies_a_healthy_chains_adaptation():
     assert again.restarted.tolist() == [False, True, False]
 
 
-@pytest.mark.parametrize(("engine", "kernel"), [("numpy", "nuts"), ("torch", "hmc")])
+@pytest.mark.parametrize(
+    ("engine", "kernel"), [("numpy", "nuts"), ("torch", "hmc"), ("numpy", "mams")]
+)
 def test_a_stranded_chain_restarts_and_the_run_is_right(engine, kernel):
     """Chain 0 starts at the minor mode, where the step size it adapts to keeps it: at the
     first window's end (iteration 100) it restarts from a healthy chain, parts from it,

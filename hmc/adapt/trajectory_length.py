@@ -108,6 +108,11 @@ class StanLengthState(NamedTuple):
     inner: WarmupState
     trace: torch.Tensor
 
+    @property
+    def restarted(self) -> torch.Tensor:
+        """``(C,)`` the chains Stan's warmup restarted from another chain."""
+        return self.inner.restarted
+
 
 class EnsembleLengthState(NamedTuple):
     """The pooled warmup's state ``inner`` and the positions every chain recorded over
@@ -164,6 +169,18 @@ class StanLengthWarmup:
     @property
     def schedule(self) -> WarmupSchedule:
         return self.inner.schedule
+
+    def restart_stops(self) -> list[int]:
+        """Those of Stan's warmup (:meth:`hmc.adapt.StanWarmup.restart_stops`)."""
+        return self.inner.restart_stops()
+
+    def restart(
+        self, adaptation: StanLengthState, params: Params, state: State
+    ) -> tuple[StanLengthState, Params, State]:
+        """Stan's restart of stranded chains (:meth:`hmc.adapt.StanWarmup.restart`); a
+        restarted chain keeps its trajectory length and its stage's positions."""
+        inner, params, state = self.inner.restart(adaptation.inner, params, state)
+        return adaptation._replace(inner=inner), params, state
 
     def init(
         self, state: State, params: Params, keys: torch.Tensor
